@@ -1,0 +1,3 @@
+"""dra-agent: the node agent (CLI, daemon wiring, slice controller, kubelet plugin)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,154 @@
+"""Options shared by every command: flags, ``DRA_AGENT_*`` env vars and a YAML file.
+
+Precedence is flags > environment > config file > built-in default. Click resolves the first
+two (each option has ``envvar``); the file fills in whatever is still unset.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+ENV_PREFIX = "DRA_AGENT_"
+DEFAULT_DRIVER = "dra-agent.io"
+ALL_DEVICE_TYPES = ("gpu", "mig", "nic", "vf")
+
+
+class ConfigError(click.UsageError):
+    """A configuration value or file that cannot be used; exit code 2 like other usage errors."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    driver_name: str = DEFAULT_DRIVER
+    node_name: str = ""
+    #: A kubeconfig path, "none" for no API server, or "" for in-cluster -> KUBECONFIG -> ~/.kube.
+    kubeconfig: str = ""
+    kubelet_dir: Path = Path("/var/lib/kubelet")
+    cdi_dir: Path = Path("/var/run/cdi")
+    sysfs_root: Path = Path("/sys")
+    simulate: str | None = None
+    metrics_address: str = "127.0.0.1:9464"
+    log_format: str = "logfmt"
+    verbosity: int = 0
+    device_types: tuple[str, ...] = ALL_DEVICE_TYPES
+    config_file: Path | None = None
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.kubelet_dir / "plugins" / self.driver_name
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.kubelet_dir / "plugins_registry"
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.plugin_dir / "checkpoint.json"
+
+
+def default_node_name() -> str:
+    return os.environ.get("NODE_NAME") or socket.gethostname().split(".")[0].lower()
+
+
+def _parse_device_types(value: Any) -> tuple[str, ...]:
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    types = tuple(t.strip() for t in items if str(t).strip())
+    unknown = sorted(set(types) - set(ALL_DEVICE_TYPES))
+    if unknown:
+        raise ConfigError(
+            f"unknown device type(s) {', '.join(unknown)}; known: {', '.join(ALL_DEVICE_TYPES)}"
+        )
+    return types
+
+
+_CONVERTERS: dict[str, Callable[[Any], Any]] = {
+    "kubelet_dir": Path,
+    "cdi_dir": Path,
+    "sysfs_root": Path,
+    "config_file": Path,
+    "verbosity": int,
+    "device_types": _parse_device_types,
+}
+
+
+def _load_file(path: Path) -> dict[str, Any]:
+    import yaml  # only when a file is given
+
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as err:
+        raise ConfigError(f"config file {path}: {err.strerror}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path}: not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: top level must be a mapping")
+    known = {f.name for f in fields(Config)}
+    # Accept both snake_case and the flag spelling (driver-name).
+    out = {str(k).replace("-", "_"): v for k, v in data.items()}
+    unknown = sorted(set(out) - known)
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown key(s) {', '.join(unknown)}")
+    return out
+
+
+def build_config(values: dict[str, Any]) -> Config:
+    """Merge click values (None = not given by flag or env) with the file and the defaults."""
+    given = {k: v for k, v in values.items() if v is not None and v != ()}
+    file_path = given.get("config_file")
+    merged: dict[str, Any] = {}
+    if file_path:
+        merged.update(_load_file(Path(file_path)))
+    merged.update(given)
+    converted = {k: _CONVERTERS.get(k, lambda v: v)(v) for k, v in merged.items()}
+    cfg = replace(Config(), **converted)
+    if not cfg.node_name:
+        cfg = replace(cfg, node_name=default_node_name())
+    if cfg.log_format not in ("logfmt", "json"):
+        raise ConfigError(f"--log-format must be logfmt or json, not {cfg.log_format!r}")
+    return cfg
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("--driver-name",), {"help": f"DRA driver name [default: {DEFAULT_DRIVER}]"}),
+    (("--node-name",), {"help": "Node name [default: NODE_NAME, else the hostname]"}),
+    (
+        ("--kubeconfig",),
+        {"help": "kubeconfig path, or 'none' [default: in-cluster, KUBECONFIG, ~/.kube/config]"},
+    ),
+    (("--kubelet-dir",), {"help": "kubelet root dir [default: /var/lib/kubelet]"}),
+    (("--cdi-dir",), {"help": "CDI spec dir [default: /var/run/cdi]"}),
+    (("--sysfs-root",), {"help": "sysfs mount point [default: /sys]"}),
+    (("--simulate",), {"metavar": "PROFILE", "help": "run on simulated hardware"}),
+    (("--device-types",), {"help": "comma-separated subset of gpu,mig,nic,vf [default: all]"}),
+    (("--metrics-address",), {"help": "host:port for metrics and health [default: 127.0.0.1:9464]"}),
+    (("--config", "config_file"), {"help": "YAML config file", "type": click.Path(dir_okay=False)}),
+    (("--log-format",), {"type": click.Choice(["logfmt", "json"])}),
+    (("-v", "--verbose", "verbosity"), {"count": True, "default": None, "help": "more logs (-vv debug)"}),
+]
+
+
+def common_options(func: F) -> F:
+    """Add the shared options (each with its ``DRA_AGENT_<NAME>`` env var) to a command."""
+    for decls, kwargs in reversed(_OPTIONS):
+        dest = decls[-1] if not decls[-1].startswith("-") else decls[-1].lstrip("-").replace("-", "_")
+        env = ENV_PREFIX + (dest if dest != "config_file" else "config").upper()
+        func = click.option(*decls, envvar=env, show_envvar=True, **kwargs)(func)
+    return func
+
+
+def pop_config(kwargs: dict[str, Any]) -> Config:
+    """Take the shared options out of a command's kwargs and build the Config."""
+    names = {f.name for f in fields(Config)}
+    values = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+    if values.get("verbosity") == 0:
+        values["verbosity"] = None  # count options report 0 when absent
+    return build_config(values)

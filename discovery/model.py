@@ -1,0 +1,162 @@
+"""The device model shared by discovery, the slice controller, the plugin and explain.
+
+Two layers live here:
+
+* ``Device`` is what discovery found on this node: the published view (name, attributes,
+  capacity, taints) plus ``HostInfo``, the host facts the plugin needs to prepare the device
+  (device nodes, interface names, IOMMU group...). Host facts are never published.
+* ``DriverResources`` / ``Pool`` / ``Slice`` mirror the upstream resourceslice controller's
+  input: what should exist in the cluster, as resource.k8s.io/v1 ``Device`` dicts. The
+  controller converts them to older API versions when the server needs that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+#: Domain of the standard attributes every PCI device carries.
+STANDARD_DOMAIN = "resource.kubernetes.io"
+PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
+PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
+NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
+
+
+class DeviceType(StrEnum):
+    """Value of the ``type`` attribute; the shipped DeviceClasses select on it."""
+
+    GPU = "gpu"
+    MIG = "mig"
+    NIC = "nic"
+    VF = "vf"
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """A semantic version attribute value (published as ``{"version": ...}``)."""
+
+    value: str
+
+
+AttributeValue = bool | int | str | Version
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A device taint as published in the ResourceSlice (``key``, ``value``, ``effect``)."""
+
+    key: str
+    effect: str = "NoSchedule"
+    value: str = ""
+    time_added: str | None = None
+
+    def to_api(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"key": self.key, "effect": self.effect}
+        if self.value:
+            out["value"] = self.value
+        if self.time_added:
+            out["timeAdded"] = self.time_added
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class HostInfo:
+    """Host-side facts needed to prepare a device; not part of the published object.
+
+    Paths are host paths (relative to ``/``), even when discovery read a simulated sysfs tree.
+    """
+
+    pci_address: str | None = None
+    vendor: str | None = None  # "nvidia", "amd", "intel", "mellanox", ...
+    uuid: str | None = None  # GPU or MIG UUID
+    parent_uuid: str | None = None  # MIG: the parent GPU's UUID
+    minor: int | None = None  # /dev/nvidia<minor>
+    mig_gi: int | None = None  # MIG GPU instance id
+    mig_ci: int | None = None  # MIG compute instance id
+    if_name: str | None = None  # network interface on the host
+    rdma_device: str | None = None  # e.g. mlx5_0
+    dev_nodes: tuple[str, ...] = ()  # device nodes this device needs (/dev/...)
+    iommu_group: str | None = None  # VFIO group number when bound to vfio-pci
+    driver: str | None = None  # bound kernel driver
+    parent_pf: str | None = None  # VF: PCI address of its physical function
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One allocatable device of this node, in the resource.k8s.io model."""
+
+    name: str
+    type: DeviceType
+    attributes: Mapping[str, AttributeValue]
+    capacity: Mapping[str, str]  # name -> quantity string ("80Gi", "132")
+    host: HostInfo = field(default_factory=HostInfo)
+    taints: tuple[Taint, ...] = ()
+
+    def to_api(self) -> dict[str, Any]:
+        """The resource.k8s.io/v1 ``Device`` dict, with keys in a deterministic order."""
+        attrs: dict[str, Any] = {"type": {"string": str(self.type)}}
+        for key in sorted(self.attributes):
+            attrs[key] = attribute_to_api(self.attributes[key])
+        out: dict[str, Any] = {"name": self.name, "attributes": dict(sorted(attrs.items()))}
+        if self.capacity:
+            out["capacity"] = {k: {"value": self.capacity[k]} for k in sorted(self.capacity)}
+        if self.taints:
+            out["taints"] = [t.to_api() for t in self.taints]
+        return out
+
+
+def attribute_to_api(value: AttributeValue) -> dict[str, Any]:
+    """Encode one attribute value as the API's one-of (bool/int/string/version)."""
+    if isinstance(value, Version):
+        return {"version": value.value}
+    if isinstance(value, bool):  # before int: bool is an int subclass
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    return {"string": value}
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """One ResourceSlice's worth of devices (v1 ``Device`` dicts) and shared counters."""
+
+    devices: tuple[Mapping[str, Any], ...]
+    shared_counters: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """A pool as the controller publishes it.
+
+    ``generation`` is a floor: the controller bumps it whenever a change needs more than one
+    write. ``node_selector`` (a v1 NodeSelector dict) replaces the Node owner for
+    network-attached devices.
+    """
+
+    slices: tuple[Slice, ...]
+    node_selector: Mapping[str, Any] | None = None
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DriverResources:
+    """Everything the driver wants published: pool name -> pool."""
+
+    pools: Mapping[str, Pool]
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """What discovery found: devices by name plus the sources that could not be read."""
+
+    devices: tuple[Device, ...]
+    warnings: tuple[str, ...] = ()
+    #: Devices found but deliberately not offered (e.g. the NIC carrying the default route),
+    #: name -> reason; shown by ``dra-agent discover`` so operators know why.
+    reserved: Mapping[str, str] = field(default_factory=dict)
+
+    def by_name(self) -> dict[str, Device]:
+        return {d.name: d for d in self.devices}
