@@ -129,17 +129,18 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--sysfs-root",), {"help": "sysfs mount point [default: /sys]"}),
     (("--simulate",), {"metavar": "PROFILE", "help": "run on simulated hardware"}),
     (("--device-types",), {"help": "comma-separated subset of gpu,mig,nic,vf [default: all]"}),
-    (("--metrics-address",), {"help": "host:port for metrics and health [default: 127.0.0.1:9464]"}),
-    (("--config", "config_file"), {"help": "YAML config file", "type": click.Path(dir_okay=False)}),
+    (("--metrics-address",), {"help": "host:port of metrics and health [default: 127.0.0.1:9464]"}),
+    (("--config", "config_file"), {"help": "YAML config file", "type": click.Path()}),
     (("--log-format",), {"type": click.Choice(["logfmt", "json"])}),
-    (("-v", "--verbose", "verbosity"), {"count": True, "default": None, "help": "more logs (-vv debug)"}),
+    (("-v", "--verbose", "verbosity"), {"count": True, "help": "more logs (-vv: debug)"}),
 ]
 
 
 def common_options(func: F) -> F:
     """Add the shared options (each with its ``DRA_AGENT_<NAME>`` env var) to a command."""
     for decls, kwargs in reversed(_OPTIONS):
-        dest = decls[-1] if not decls[-1].startswith("-") else decls[-1].lstrip("-").replace("-", "_")
+        last = decls[-1]
+        dest = last if not last.startswith("-") else last.lstrip("-").replace("-", "_")
         env = ENV_PREFIX + (dest if dest != "config_file" else "config").upper()
         func = click.option(*decls, envvar=env, show_envvar=True, **kwargs)(func)
     return func

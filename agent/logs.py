@@ -16,9 +16,11 @@ import sys
 import time
 from typing import Any, TextIO
 
-_STANDARD = frozenset(
-    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "asctime", "taskName"}
-)
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
+}
 
 
 def record_fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -73,4 +75,5 @@ def setup_logging(fmt: str = "logfmt", verbosity: int = 0, stream: TextIO | None
     handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbosity >= 2 else logging.INFO if verbosity == 1 else logging.WARNING)
+    levels = {0: logging.WARNING, 1: logging.INFO}
+    root.setLevel(levels.get(verbosity, logging.DEBUG))
