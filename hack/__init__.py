@@ -1,0 +1,1 @@
+"""Developer tools: proto generation, CDI checker, benchmarks, playground."""

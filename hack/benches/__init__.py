@@ -1,0 +1,23 @@
+"""Benchmarks, one module per area, collected by ``python -m hack.bench``.
+
+Each module exposes ``run(quick: bool) -> list[Figure]`` and can also be run on its own
+(``python -m hack.benches.<area>``), printing its figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    name: str  # e.g. "discovery dgx-h100 full, median"
+    value: float
+    unit: str  # "ms", "MiB", "requests", "writes/min", ...
+    goal: str | None = None  # e.g. "<= 50 ms"
+    ok: bool | None = None  # None when there is no goal
+
+    def row(self) -> str:
+        verdict = "" if self.ok is None else ("pass" if self.ok else "falls short")
+        goal = self.goal or ""
+        return f"{self.name:<58} {self.value:>10.2f} {self.unit:<10} {goal:<14} {verdict}"
