@@ -1,0 +1,1 @@
+"""Tests of the wire-exact protos and their generated modules."""
