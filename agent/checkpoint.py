@@ -1,0 +1,277 @@
+"""The checkpoint: what this node has prepared, per claim UID, durable across restarts.
+
+File format (JSON, one object)::
+
+    {
+      "schemaVersion": 1,
+      "claims": {"<claim uid>": {<record>}, ...},
+      "checksum": "sha256:<hex>"
+    }
+
+Decisions, each answering a bug an existing driver shipped:
+
+* **Checksum over the raw document.** The checksum is the SHA-256 of the canonical JSON
+  (sorted keys, no whitespace) of the whole document *as read*, minus the ``checksum`` key.
+  A reader never recomputes it from its own typed model, so fields added by a newer version
+  (or unknown to this one) never break it: they are part of what was hashed and part of what
+  is hashed again on rewrite, because unknown fields are kept.
+* **Unknown fields preserved.** Every record and device keeps the keys this version does not
+  know in ``extra`` and writes them back unchanged; top-level unknown keys are kept too.
+* **Versions are additive.** A newer ``schemaVersion`` may only add optional fields; such a
+  file is read, and rewritten with its own (higher) version number and all its fields. An
+  incompatible format would use a different file name, so an old agent never misreads it.
+* **Two-phase records** (``PrepareStarted`` then ``PrepareCompleted``) and the boot ID under
+  which each record's CDI spec was written, so a reboot (tmpfs CDI dir) is told from a restart.
+
+File I/O, locking and corruption handling live in ``agent.checkpoint_store``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class CheckpointCorruptError(Exception):
+    """The checkpoint file cannot be trusted (unparsable, bad checksum, wrong shape)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"checkpoint {path} is corrupt: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class ClaimState(StrEnum):
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One allocated device of a claim as it was prepared (the answer to the kubelet)."""
+
+    pool: str
+    device: str
+    requests: tuple[str, ...]  # base request names (subrequests stripped)
+    cdi_ids: tuple[str, ...] = ()
+    share_id: str | None = None
+    admin_access: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.extra)
+        out.update(
+            {
+                "pool": self.pool,
+                "device": self.device,
+                "requests": list(self.requests),
+                "cdiDeviceIDs": list(self.cdi_ids),
+            }
+        )
+        if self.share_id is not None:
+            out["shareID"] = self.share_id
+        if self.admin_access:
+            out["adminAccess"] = True
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> PreparedDevice:
+        obj = _mapping(data, "device")
+        known = {"pool", "device", "requests", "cdiDeviceIDs", "shareID", "adminAccess"}
+        return cls(
+            pool=_str(obj, "pool"),
+            device=_str(obj, "device"),
+            requests=_str_tuple(obj, "requests"),
+            cdi_ids=_str_tuple(obj, "cdiDeviceIDs"),
+            share_id=_opt_str(obj, "shareID"),
+            admin_access=bool(obj.get("adminAccess", False)),
+            extra={k: v for k, v in obj.items() if k not in known},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRecord:
+    """What was done for one claim; the key the kubelet uses is ``uid``."""
+
+    uid: str
+    namespace: str
+    name: str
+    state: ClaimState
+    devices: tuple[PreparedDevice, ...] = ()
+    #: ``cdi.k8s.io/<key>`` -> comma-joined CDI IDs, as the kubelet's ContainerInfo once carried.
+    cdi_annotations: Mapping[str, str] = field(default_factory=dict)
+    spec_path: str = ""
+    boot_id: str = ""
+    #: RFC 3339 time of the last state change, for operators (``dra-agent claims``).
+    updated: str = ""
+    #: Rebuilt from a corrupt checkpoint or an adopted CDI spec: its devices count as taken, but
+    #: the next prepare redoes the claim from the API object instead of trusting this record.
+    recovered: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def completed(self) -> bool:
+        return self.state is ClaimState.PREPARE_COMPLETED
+
+    def with_state(self, state: ClaimState, updated: str) -> ClaimRecord:
+        return replace(self, state=state, updated=updated)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.extra)
+        out.update(
+            {
+                "uid": self.uid,
+                "namespace": self.namespace,
+                "name": self.name,
+                "state": str(self.state),
+                "devices": [d.to_json() for d in self.devices],
+                "cdiAnnotations": dict(self.cdi_annotations),
+                "specPath": self.spec_path,
+                "bootID": self.boot_id,
+                "updated": self.updated,
+            }
+        )
+        if self.recovered:
+            out["recovered"] = True
+        return out
+
+    @classmethod
+    def from_json(cls, uid: str, data: Any) -> ClaimRecord:
+        obj = _mapping(data, f"claim {uid}")
+        known = {
+            "uid", "namespace", "name", "state", "devices", "cdiAnnotations", "specPath",
+            "bootID", "updated", "recovered",
+        }
+        state_text = _str(obj, "state")
+        try:
+            state = ClaimState(state_text)
+        except ValueError as err:
+            raise ValueError(f"claim {uid}: unknown state {state_text!r}") from err
+        if obj.get("uid", uid) != uid:
+            raise ValueError(f"claim {uid}: record carries uid {obj.get('uid')!r}")
+        devices = obj.get("devices", [])
+        if not isinstance(devices, list):
+            raise ValueError(f"claim {uid}: devices must be a list")
+        annotations = _mapping(obj.get("cdiAnnotations", {}), f"claim {uid} cdiAnnotations")
+        return cls(
+            uid=uid,
+            namespace=_str(obj, "namespace"),
+            name=_str(obj, "name"),
+            state=state,
+            devices=tuple(PreparedDevice.from_json(d) for d in devices),
+            cdi_annotations={str(k): str(v) for k, v in annotations.items()},
+            spec_path=_opt_str(obj, "specPath") or "",
+            boot_id=_opt_str(obj, "bootID") or "",
+            updated=_opt_str(obj, "updated") or "",
+            recovered=bool(obj.get("recovered", False)),
+            extra={k: v for k, v in obj.items() if k not in known},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointData:
+    """The decoded file: records by claim UID plus whatever this version does not know."""
+
+    claims: Mapping[str, ClaimRecord] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def with_claims(self, claims: Mapping[str, ClaimRecord]) -> CheckpointData:
+        return replace(self, claims=claims)
+
+
+def checksum(document: Mapping[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of ``document`` without its ``checksum`` key."""
+    body = {k: v for k, v in document.items() if k != "checksum"}
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
+
+
+def encode(data: CheckpointData) -> bytes:
+    doc: dict[str, Any] = dict(data.extra)
+    doc["schemaVersion"] = max(data.schema_version, SCHEMA_VERSION)
+    doc["claims"] = {uid: data.claims[uid].to_json() for uid in sorted(data.claims)}
+    doc["checksum"] = checksum(doc)
+    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+
+
+def decode(raw: bytes, path: str = "checkpoint") -> CheckpointData:
+    """Parse and verify a checkpoint; anything untrustworthy raises CheckpointCorruptError."""
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointCorruptError(path, f"not JSON: {err}") from err
+    if not isinstance(doc, dict):
+        raise CheckpointCorruptError(path, "top level is not an object")
+    stored = doc.get("checksum")
+    if stored != checksum(doc):
+        raise CheckpointCorruptError(path, f"checksum mismatch (stored {stored!r})")
+    version = doc.get("schemaVersion")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CheckpointCorruptError(path, f"bad schemaVersion {version!r}")
+    claims = doc.get("claims")
+    if not isinstance(claims, dict):
+        raise CheckpointCorruptError(path, "claims is not an object")
+    try:
+        records = {str(uid): ClaimRecord.from_json(str(uid), rec) for uid, rec in claims.items()}
+    except ValueError as err:
+        raise CheckpointCorruptError(path, str(err)) from err
+    extra = {k: v for k, v in doc.items() if k not in ("schemaVersion", "claims", "checksum")}
+    return CheckpointData(claims=records, schema_version=version, extra=extra)
+
+
+def salvage(raw: bytes) -> dict[str, ClaimRecord]:
+    """Best effort: the records of a corrupt file that still parse on their own.
+
+    Used only to keep devices of surviving records marked as taken; a salvaged record is never
+    trusted as proof that a claim is prepared (its spec is rewritten on the next prepare).
+    """
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    claims = doc.get("claims") if isinstance(doc, dict) else None
+    if not isinstance(claims, dict):
+        return {}
+    out: dict[str, ClaimRecord] = {}
+    for uid, rec in claims.items():
+        try:
+            out[str(uid)] = replace(ClaimRecord.from_json(str(uid), rec), recovered=True)
+        except (ValueError, TypeError):
+            continue
+    return out
+
+
+def _mapping(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{what}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _str(obj: Mapping[str, Any], key: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str):
+        raise ValueError(f"field {key!r}: expected a string, got {value!r}")
+    return value
+
+
+def _opt_str(obj: Mapping[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"field {key!r}: expected a string, got {value!r}")
+    return value
+
+
+def _str_tuple(obj: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = obj.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"field {key!r}: expected a list of strings")
+    return tuple(value)
