@@ -1,0 +1,179 @@
+"""Durable spec files: atomic write, idempotent remove, read back, claim file names.
+
+Runtimes watch the CDI directory and read every ``*.json``/``*.yaml`` file in it, so a spec
+is written under a temporary name that does not end in either, fsynced, renamed into place
+and the directory fsynced: a reader sees the old file or the complete new one, and after a
+crash the rename is either durable or not there at all. The file system calls go through
+``FileOps`` so tests can make a disk fill up or turn read-only at any step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Protocol
+
+from cdi.errors import CDISpecError, CDIWriteError
+from cdi.names import validate_class, validate_vendor
+from cdi.spec import Spec
+
+SPEC_FILE_MODE = 0o644
+SPEC_SUFFIXES = (".json", ".yaml")
+TEMP_SUFFIX = ".tmp"
+
+
+class FileOps(Protocol):
+    """The system calls a spec write makes; ``OsFileOps`` is the real one."""
+
+    def open(self, path: str, flags: int, mode: int) -> int: ...
+    def write(self, fd: int, data: bytes) -> int: ...
+    def fsync(self, fd: int) -> None: ...
+    def replace(self, src: str, dst: str) -> None: ...
+
+
+class OsFileOps:
+    def open(self, path: str, flags: int, mode: int) -> int:
+        return os.open(path, flags, mode)
+
+    def write(self, fd: int, data: bytes) -> int:
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def replace(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+
+def claim_spec_file_name(vendor: str, class_: str, claim_uid: str) -> str:
+    """``<vendor>-<class>_<claimUID>.json``: the CDI library's name for a transient spec.
+
+    A '/' in the transient id becomes '_' as the library does, so the name stays one file.
+    """
+    validate_vendor(vendor)
+    validate_class(class_)
+    if not claim_uid:
+        raise CDISpecError("claim UID must not be empty")
+    return f"{vendor}-{class_}_{claim_uid.replace('/', '_')}.json"
+
+
+def _check_file_name(file_name: str) -> None:
+    if "/" in file_name or file_name in ("", ".", ".."):
+        raise CDISpecError(f"spec file name {file_name!r} must be a plain file name")
+    if not file_name.endswith(SPEC_SUFFIXES):
+        raise CDISpecError(
+            f"spec file name {file_name!r} must end in .json or .yaml, or runtimes ignore it"
+        )
+
+
+def render_spec(spec: Spec, file_name: str) -> bytes:
+    """The bytes of ``spec`` in the format its file name says (JSON or YAML)."""
+    data = spec.to_dict()
+    if file_name.endswith(".yaml"):
+        import yaml  # only YAML writers pay for it
+
+        text: str = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+        return text.encode()
+    return (json.dumps(data, indent=2) + "\n").encode()
+
+
+def fsync_dir(path: Path, ops: FileOps | None = None) -> None:
+    ops = ops or OsFileOps()
+    fd = ops.open(str(path), os.O_RDONLY | os.O_DIRECTORY, 0)
+    try:
+        ops.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_spec(cdi_dir: Path, file_name: str, spec: Spec, *, ops: FileOps | None = None) -> Path:
+    """Validate ``spec`` and write it durably to ``cdi_dir/file_name`` (mode 0644).
+
+    Raises ``CDIWriteError(path, cause)`` when the disk is full, read-only or not writable;
+    no temporary file is left behind and an existing spec of that name is unchanged.
+    """
+    _check_file_name(file_name)
+    spec.validate()
+    data = render_spec(spec, file_name)
+    ops = ops or OsFileOps()
+    final = cdi_dir / file_name
+    temp = cdi_dir / f".{file_name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+    fd: int | None = None
+    created = False
+    try:
+        cdi_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd = ops.open(str(temp), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        created = True
+        # The umask may strip bits from the create mode; runtimes running as other users
+        # (rootless podman) need to read the file.
+        os.fchmod(fd, SPEC_FILE_MODE)
+        view = memoryview(data)
+        while view:
+            written = ops.write(fd, view.tobytes())
+            if written <= 0:
+                raise OSError(errno.EIO, "short write")
+            view = view[written:]
+        ops.fsync(fd)
+        os.close(fd)
+        fd = None
+        ops.replace(str(temp), str(final))
+        created = False
+        fsync_dir(cdi_dir, ops)
+    except OSError as err:
+        raise CDIWriteError(final, err) from err
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if created:
+            # Nothing more can be done if this fails; the name is not a spec name anyway.
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+    return final
+
+
+def remove_spec(cdi_dir: Path, file_name: str, *, ops: FileOps | None = None) -> bool:
+    """Remove a spec; ``False`` when it was already gone. The removal is made durable."""
+    _check_file_name(file_name)
+    path = cdi_dir / file_name
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        raise CDIWriteError(path, err) from err
+    try:
+        fsync_dir(cdi_dir, ops)
+    except OSError as err:
+        raise CDIWriteError(path, err) from err
+    return True
+
+
+def read_spec(path: Path) -> Spec:
+    """Parse a spec file (JSON or YAML); ``CDISpecError`` names the file and the problem."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise CDISpecError(f"cannot read: {err.strerror or err}", path) from err
+    data: Any
+    if path.suffix == ".yaml":
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise CDISpecError(f"not valid YAML: {err}", path) from err
+    else:
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise CDISpecError(f"not valid JSON: {err}", path) from err
+    try:
+        return Spec.from_dict(data)
+    except CDISpecError as err:
+        raise CDISpecError(err.reason, path) from err
+    except ValueError as err:
+        raise CDISpecError(str(err), path) from err

@@ -1,0 +1,424 @@
+"""The CDI spec model: frozen dataclasses with exact camelCase conversion both ways.
+
+``to_dict`` emits keys in a fixed order and only the fields that are set, so the same spec
+always serialises to the same bytes. ``from_dict`` is strict like the reference library (an
+unknown key is an error) and accepts what we write, plus the other fields of cdiVersion
+<= 0.5.0 that we model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any, TypeVar
+
+from cdi.errors import CDINameError, CDISpecError
+from cdi.names import validate_device_name, validate_kind
+from cdi.version import KNOWN_VERSIONS, minimal_version, version_key
+
+HOOK_NAMES = frozenset(
+    {"prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"}
+)
+NODE_TYPES = frozenset({"c", "b", "u", "p"})
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNode:
+    """A device node in the container. ``host_path`` defaults to ``path`` (needs 0.5.0 if set)."""
+
+    path: str
+    host_path: str | None = None
+    type: str | None = None
+    major: int | None = None
+    minor: int | None = None
+    file_mode: int | None = None  # permission bits; written in decimal as CDI wants
+    permissions: str | None = None  # cgroup access, letters of "rwm"
+    uid: int | None = None
+    gid: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path}
+        for key, value in (
+            ("hostPath", self.host_path),
+            ("type", self.type),
+            ("major", self.major),
+            ("minor", self.minor),
+            ("fileMode", self.file_mode),
+            ("permissions", self.permissions),
+            ("uid", self.uid),
+            ("gid", self.gid),
+        ):
+            if value is not None:
+                out[key] = value
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = ()
+    type: str | None = None  # needs 0.4.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"hostPath": self.host_path, "containerPath": self.container_path}
+        if self.type is not None:
+            out["type"] = self.type
+        if self.options:
+            out["options"] = list(self.options)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Hook:
+    hook_name: str
+    path: str
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    timeout: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"hookName": self.hook_name, "path": self.path}
+        if self.args:
+            out["args"] = list(self.args)
+        if self.env:
+            out["env"] = list(self.env)
+        if self.timeout is not None:
+            out["timeout"] = self.timeout
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class NetDevice:
+    """Move host interface ``host_interface_name`` into the container as ``name`` (CDI 1.1.0)."""
+
+    host_interface_name: str
+    name: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hostInterfaceName": self.host_interface_name, "name": self.name}
+
+
+T = TypeVar("T")
+
+
+def _merge_keyed(items: Iterable[T], key: Callable[[T], object]) -> tuple[T, ...]:
+    # A later entry with the same key replaces the earlier one in place, which is what a
+    # runtime does when it applies the edits (same env name, node path, mount target).
+    merged: dict[object, T] = {}
+    for item in items:
+        merged[key(item)] = item
+    return tuple(merged.values())
+
+
+def env_name(entry: str) -> str:
+    return entry.partition("=")[0]
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerEdits:
+    env: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    hooks: tuple[Hook, ...] = ()
+    net_devices: tuple[NetDevice, ...] = ()
+
+    def is_empty(self) -> bool:
+        return not (self.env or self.device_nodes or self.mounts or self.hooks or self.net_devices)
+
+    def merge(self, other: ContainerEdits) -> ContainerEdits:
+        """Both edit sets in order; a later env name, node path or mount target replaces an
+        earlier one; identical hooks and net devices appear once."""
+        return ContainerEdits(
+            env=_merge_keyed((*self.env, *other.env), env_name),
+            device_nodes=_merge_keyed((*self.device_nodes, *other.device_nodes), lambda n: n.path),
+            mounts=_merge_keyed((*self.mounts, *other.mounts), lambda m: m.container_path),
+            hooks=_merge_keyed((*self.hooks, *other.hooks), lambda h: h),
+            net_devices=_merge_keyed(
+                (*self.net_devices, *other.net_devices), lambda d: d.host_interface_name
+            ),
+        )
+
+    def without(self, common: ContainerEdits) -> ContainerEdits:
+        """These edits minus the entries that ``common`` already carries identically."""
+        return ContainerEdits(
+            env=tuple(e for e in self.env if e not in common.env),
+            device_nodes=tuple(n for n in self.device_nodes if n not in common.device_nodes),
+            mounts=tuple(m for m in self.mounts if m not in common.mounts),
+            hooks=tuple(h for h in self.hooks if h not in common.hooks),
+            net_devices=tuple(d for d in self.net_devices if d not in common.net_devices),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.env:
+            out["env"] = list(self.env)
+        if self.device_nodes:
+            out["deviceNodes"] = [n.to_dict() for n in self.device_nodes]
+        if self.mounts:
+            out["mounts"] = [m.to_dict() for m in self.mounts]
+        if self.hooks:
+            out["hooks"] = [h.to_dict() for h in self.hooks]
+        if self.net_devices:
+            out["netDevices"] = [d.to_dict() for d in self.net_devices]
+        return out
+
+    def validate(self, where: str) -> None:
+        """Raise ``CDISpecError`` for anything the reference library would refuse."""
+        for entry in self.env:
+            if "=" not in entry or entry.startswith("="):
+                raise CDISpecError(f"{where}: env entry {entry!r} is not NAME=value")
+        for node in self.device_nodes:
+            if not node.path:
+                raise CDISpecError(f"{where}: device node without path")
+            if node.type is not None and node.type not in NODE_TYPES:
+                raise CDISpecError(f"{where}: device node {node.path}: bad type {node.type!r}")
+            if node.permissions is not None and set(node.permissions) - set("rwm"):
+                raise CDISpecError(
+                    f"{where}: device node {node.path}: permissions "
+                    f"{node.permissions!r} may only hold r, w, m"
+                )
+        for mount in self.mounts:
+            if not mount.host_path or not mount.container_path:
+                raise CDISpecError(f"{where}: mount needs hostPath and containerPath")
+        for hook in self.hooks:
+            if hook.hook_name not in HOOK_NAMES:
+                raise CDISpecError(f"{where}: unknown hookName {hook.hook_name!r}")
+            if not PurePosixPath(hook.path).is_absolute():
+                raise CDISpecError(f"{where}: hook path {hook.path!r} is not absolute")
+            if hook.timeout is not None and hook.timeout <= 0:
+                raise CDISpecError(f"{where}: hook timeout must be > 0")
+            for entry in hook.env:
+                if "=" not in entry or entry.startswith("="):
+                    raise CDISpecError(f"{where}: hook env entry {entry!r} is not NAME=value")
+        hosts = [d.host_interface_name for d in self.net_devices]
+        names = [d.name for d in self.net_devices]
+        if any(not x for x in (*hosts, *names)):
+            raise CDISpecError(f"{where}: netDevices need hostInterfaceName and name")
+        if len(set(hosts)) != len(hosts) or len(set(names)) != len(names):
+            raise CDISpecError(f"{where}: a netDevices interface appears twice")
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> ContainerEdits:
+        raw = _mapping(data, where)
+        _only(raw, {"env", "deviceNodes", "mounts", "hooks", "netDevices"}, where)
+        return cls(
+            env=tuple(_str_list(raw.get("env"), f"{where}.env")),
+            device_nodes=tuple(
+                _node(n, f"{where}.deviceNodes[{i}]")
+                for i, n in enumerate(_list(raw.get("deviceNodes"), f"{where}.deviceNodes"))
+            ),
+            mounts=tuple(
+                _mount(m, f"{where}.mounts[{i}]")
+                for i, m in enumerate(_list(raw.get("mounts"), f"{where}.mounts"))
+            ),
+            hooks=tuple(
+                _hook(h, f"{where}.hooks[{i}]")
+                for i, h in enumerate(_list(raw.get("hooks"), f"{where}.hooks"))
+            ),
+            net_devices=tuple(
+                _net(d, f"{where}.netDevices[{i}]")
+                for i, d in enumerate(_list(raw.get("netDevices"), f"{where}.netDevices"))
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CDIDevice:
+    name: str
+    container_edits: ContainerEdits
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "containerEdits": self.container_edits.to_dict()}
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One CDI spec file: a ``vendor/class`` kind, its devices and the shared edits."""
+
+    kind: str
+    devices: tuple[CDIDevice, ...]
+    container_edits: ContainerEdits = field(default_factory=ContainerEdits)
+
+    @property
+    def vendor(self) -> str:
+        return self.kind.partition("/")[0]
+
+    @property
+    def class_(self) -> str:
+        return self.kind.partition("/")[2]
+
+    def qualified_names(self) -> tuple[str, ...]:
+        return tuple(f"{self.kind}={d.name}" for d in self.devices)
+
+    def validate(self) -> None:
+        """Raise ``CDIError`` for anything a runtime's CDI library would reject at load."""
+        validate_kind(self.kind)
+        if not self.devices:
+            raise CDISpecError("a spec needs at least one device")
+        self.container_edits.validate("containerEdits")
+        seen: set[str] = set()
+        for device in self.devices:
+            try:
+                validate_device_name(device.name)
+            except CDINameError as err:
+                raise CDISpecError(str(err)) from err
+            if device.name in seen:
+                raise CDISpecError(f"device {device.name!r} defined twice")
+            seen.add(device.name)
+            if device.container_edits.is_empty():
+                raise CDISpecError(f"device {device.name!r} has no container edits")
+            device.container_edits.validate(f"device {device.name}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "cdiVersion": minimal_version(self),
+            "kind": self.kind,
+            "devices": [d.to_dict() for d in self.devices],
+        }
+        if not self.container_edits.is_empty():
+            out["containerEdits"] = self.container_edits.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Spec:
+        """Parse a spec document; raise ``CDISpecError`` (or ``CDINameError``) on bad input."""
+        raw = _mapping(data, "spec")
+        _only(raw, {"cdiVersion", "kind", "devices", "containerEdits"}, "spec")
+        version = raw.get("cdiVersion")
+        if not isinstance(version, str) or not version:
+            raise CDISpecError("cdiVersion missing or not a string")
+        try:
+            known = version_key(version) in {version_key(v) for v in KNOWN_VERSIONS}
+        except ValueError:
+            known = False
+        if not known:
+            raise CDISpecError(f"unknown cdiVersion {version!r}")
+        kind = raw.get("kind")
+        if not isinstance(kind, str):
+            raise CDISpecError("kind missing or not a string")
+        devices = []
+        for i, item in enumerate(_list(raw.get("devices"), "devices")):
+            dev = _mapping(item, f"devices[{i}]")
+            _only(dev, {"name", "containerEdits"}, f"devices[{i}]")
+            name = dev.get("name")
+            if not isinstance(name, str):
+                raise CDISpecError(f"devices[{i}].name missing or not a string")
+            edits = ContainerEdits.from_dict(dev.get("containerEdits", {}), f"devices[{i}]")
+            devices.append(CDIDevice(name, edits))
+        spec = cls(
+            kind=kind,
+            devices=tuple(devices),
+            container_edits=ContainerEdits.from_dict(
+                raw.get("containerEdits", {}), "containerEdits"
+            ),
+        )
+        spec.validate()
+        # A file that uses features newer than it declares is refused by current runtimes.
+        needed = minimal_version(spec)
+        if version_key(version) < version_key(needed):
+            raise CDISpecError(f"cdiVersion {version} too low: the content needs {needed}")
+        return spec
+
+
+# -- strict parsing helpers -------------------------------------------------------------------
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise CDISpecError(f"{where} must be an object")
+    return value
+
+
+def _only(raw: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise CDISpecError(f"{where}: unknown or unsupported field(s) {', '.join(unknown)}")
+
+
+def _list(value: Any, where: str) -> Sequence[Any]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise CDISpecError(f"{where} must be a list")
+    return value
+
+
+def _str_list(value: Any, where: str) -> list[str]:
+    items = _list(value, where)
+    if not all(isinstance(x, str) for x in items):
+        raise CDISpecError(f"{where} must be a list of strings")
+    return list(items)
+
+
+def _str(raw: Mapping[str, Any], key: str, where: str, required: bool = False) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        if required:
+            raise CDISpecError(f"{where}.{key} is required")
+        return None
+    if not isinstance(value, str):
+        raise CDISpecError(f"{where}.{key} must be a string")
+    return value
+
+
+def _int(raw: Mapping[str, Any], key: str, where: str, unsigned: bool = False) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or (unsigned and value < 0):
+        raise CDISpecError(f"{where}.{key} must be a{' non-negative' if unsigned else 'n'} integer")
+    return value
+
+
+def _node(data: Any, where: str) -> DeviceNode:
+    raw = _mapping(data, where)
+    _only(
+        raw,
+        {"path", "hostPath", "type", "major", "minor", "fileMode", "permissions", "uid", "gid"},
+        where,
+    )
+    return DeviceNode(
+        path=_str(raw, "path", where, required=True) or "",
+        host_path=_str(raw, "hostPath", where),
+        type=_str(raw, "type", where),
+        major=_int(raw, "major", where),
+        minor=_int(raw, "minor", where),
+        file_mode=_int(raw, "fileMode", where, unsigned=True),
+        permissions=_str(raw, "permissions", where),
+        uid=_int(raw, "uid", where, unsigned=True),
+        gid=_int(raw, "gid", where, unsigned=True),
+    )
+
+
+def _mount(data: Any, where: str) -> Mount:
+    raw = _mapping(data, where)
+    _only(raw, {"hostPath", "containerPath", "type", "options"}, where)
+    return Mount(
+        host_path=_str(raw, "hostPath", where, required=True) or "",
+        container_path=_str(raw, "containerPath", where, required=True) or "",
+        options=tuple(_str_list(raw.get("options"), f"{where}.options")),
+        type=_str(raw, "type", where),
+    )
+
+
+def _hook(data: Any, where: str) -> Hook:
+    raw = _mapping(data, where)
+    _only(raw, {"hookName", "path", "args", "env", "timeout"}, where)
+    return Hook(
+        hook_name=_str(raw, "hookName", where, required=True) or "",
+        path=_str(raw, "path", where, required=True) or "",
+        args=tuple(_str_list(raw.get("args"), f"{where}.args")),
+        env=tuple(_str_list(raw.get("env"), f"{where}.env")),
+        timeout=_int(raw, "timeout", where),
+    )
+
+
+def _net(data: Any, where: str) -> NetDevice:
+    raw = _mapping(data, where)
+    _only(raw, {"hostInterfaceName", "name"}, where)
+    return NetDevice(
+        host_interface_name=_str(raw, "hostInterfaceName", where, required=True) or "",
+        name=_str(raw, "name", where, required=True) or "",
+    )
