@@ -47,19 +47,23 @@ def parse_address(address: str) -> tuple[str, int]:
     host, sep, port_text = address.rpartition(":")
     if not sep:
         raise HealthServerError(address, "expected host:port")
-    if host.startswith("[") and host.endswith("]"):
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
         host = host[1:-1]
+    elif ":" in host:
+        # "::1:80" is ambiguous (is 80 part of the address?), so IPv6 needs brackets.
+        raise HealthServerError(address, "IPv6 hosts must be written [addr]:port")
     try:
         port = int(port_text)
     except ValueError:
         raise HealthServerError(address, f"port {port_text!r} is not a number") from None
     if not 0 <= port <= 65535:
         raise HealthServerError(address, f"port {port} out of range 0-65535")
-    if ":" in host:
+    if bracketed:
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
-            raise HealthServerError(address, "IPv6 hosts must be written [addr]:port") from None
+            raise HealthServerError(address, f"{host!r} is not an IPv6 address") from None
     return host, port
 
 
