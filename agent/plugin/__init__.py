@@ -1,0 +1,164 @@
+"""The kubelet plugin: registration, the DRA gRPC services, prepare/unprepare, checkpoint.
+
+The daemon builds one ``PluginServer`` and calls ``start()`` and ``stop()``::
+
+    server = PluginServer(options, api_client, inventory_provider, edits, metrics)
+    server.start()          # recovers the checkpoint, serves dra.sock, then registers
+    ...
+    server.stop(grace_s=5)  # stops serving and removes both sockets
+
+Order matters: the DRA socket serves before the registration socket exists, so the kubelet
+never registers an endpoint that does not answer yet.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.checkpoint_store import CheckpointStore, read_boot_id
+from agent.metrics import Metrics
+from agent.plugin.framework import APIClaimSource, ClaimSource, PluginFramework
+from agent.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServer
+from agent.plugin.server import add_dra_services
+from agent.plugin.sockets import (
+    AlreadyRunningError,
+    InstanceLock,
+    SocketError,
+    SocketPaths,
+    prepare_socket_path,
+    remove_socket,
+    restrict,
+    socket_paths,
+)
+from agent.prepare.cdispecs import CDIClaimSpecs, DeviceEdits
+from agent.prepare.state import DevicePreparer
+from discovery.model import Inventory
+
+__all__ = [
+    "AlreadyRunningError",
+    "PluginOptions",
+    "PluginServer",
+    "SocketError",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PluginOptions:
+    driver_name: str
+    node_name: str
+    kubelet_dir: Path = Path("/var/lib/kubelet")
+    cdi_dir: Path = Path("/var/run/cdi")
+    pod_uid: str | None = None
+    rolling_update: bool = False
+    registration_timeout_s: float = 30.0
+    boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
+    #: Pool of this node's devices; the DESIGN names it after the node.
+    pool_name: str | None = None
+    max_workers: int = 16
+
+    @property
+    def pool(self) -> str:
+        return self.pool_name or self.node_name
+
+
+class PluginServer:
+    def __init__(  # noqa: PLR0917 (the daemon's call shape is fixed)
+        self,
+        options: PluginOptions,
+        api_client: Any,
+        inventory_provider: Callable[[], Inventory],
+        edits: DeviceEdits,
+        metrics: Metrics | None = None,
+        health_servicer: Any = None,
+        *,
+        claim_source: ClaimSource | None = None,
+    ) -> None:
+        if api_client is None and claim_source is None:
+            # Without an API server there is no claim to read: fail at start, not per call.
+            raise ValueError("the kubelet plugin needs an API client to read claims")
+        self.options = options
+        self.metrics = metrics or Metrics()
+        self.paths: SocketPaths = socket_paths(
+            options.kubelet_dir, options.driver_name, options.pod_uid, options.rolling_update
+        )
+        self.checkpoint = CheckpointStore(self.paths.plugin_dir / "checkpoint.json", self.metrics)
+        self.specs = CDIClaimSpecs(options.cdi_dir, options.driver_name, edits)
+        self.preparer = DevicePreparer(
+            driver=options.driver_name, pool=options.pool, node_name=options.node_name,
+            checkpoint=self.checkpoint, specs=self.specs, inventory=inventory_provider,
+            boot_id=read_boot_id(options.boot_id_path), metrics=self.metrics,
+        )
+        self.framework = PluginFramework(
+            options.driver_name,
+            claim_source or APIClaimSource(api_client),
+            self.preparer,
+            self.metrics,
+            serialize_lock=self.paths.serialize_lock if options.rolling_update else None,
+        )
+        self._health = health_servicer
+        versions = (*DRA_SERVICES, HEALTH_SERVICE) if health_servicer is not None else DRA_SERVICES
+        self.registration = RegistrationServer(
+            self.paths.registration, options.driver_name, self.paths.dra, versions,
+            options.registration_timeout_s,
+        )
+        self._lock = InstanceLock(self.paths.instance_lock)
+        self._dra: Any = None
+
+    @property
+    def registered(self) -> bool:
+        return self.registration.registered
+
+    @property
+    def serving(self) -> bool:
+        return self._dra is not None
+
+    def start(self) -> None:
+        """Take the instance lock, recover, serve, register; raises on any failure."""
+        self._lock.acquire()
+        try:
+            self.paths.plugin_dir.mkdir(parents=True, exist_ok=True)
+            self.preparer.recover()
+            self._serve_dra()
+            self.registration.start()
+        except BaseException:
+            self.stop(0)
+            raise
+        log.info(
+            "kubelet plugin serving",
+            extra={"endpoint": str(self.paths.dra), "registration": str(self.paths.registration)},
+        )
+
+    def _serve_dra(self) -> None:
+        import grpc
+
+        prepare_socket_path(self.paths.dra)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(
+                max_workers=self.options.max_workers, thread_name_prefix="dra"
+            )
+        )
+        add_dra_services(server, self.framework, self.metrics)
+        if self._health is not None:
+            from protos.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+
+            health_grpc.add_DRAResourceHealthServicer_to_server(self._health, server)
+        server.add_insecure_port(f"unix://{self.paths.dra}")
+        server.start()
+        restrict(self.paths.dra)
+        self._dra = server
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop registration first (the kubelet stops sending), then the DRA service."""
+        self.registration.stop(min(grace_s, 1.0))
+        if self._dra is not None:
+            self._dra.stop(grace_s).wait()
+            self._dra = None
+        remove_socket(self.paths.dra)
+        self._lock.release()

@@ -1,0 +1,227 @@
+"""The generic kubelet-plugin layer: what every DRA driver does around its own preparation.
+
+For each claim of a call: fetch it from the API server (never from a cache: the kubelet just
+checked it), check that its UID is the one the kubelet means, that it is allocated, then hand
+it to the preparer, serialised per claim UID. The answer has exactly one entry per requested
+UID; a claim's failure is its own entry's error and never hides the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from agent.checkpoint import ClaimRecord
+from agent.claims import (
+    ClaimError,
+    ClaimFetchError,
+    ClaimNotAllocatedError,
+    ClaimNotFoundError,
+    ClaimRef,
+    parse_claim,
+)
+from agent.metrics import Metrics
+from agent.prepare.state import DevicePreparer
+
+log = logging.getLogger(__name__)
+
+#: resource.k8s.io versions tried in order; the parts a node plugin reads are the same in all.
+CLAIM_API_VERSIONS = ("v1", "v1beta2", "v1beta1")
+
+
+class ClaimSource(Protocol):
+    """Where claims come from (the API server, or a test's dict)."""
+
+    def get(self, ref: ClaimRef) -> Mapping[str, Any]:
+        """The claim object; ClaimNotFoundError / ClaimFetchError when it cannot be had."""
+        ...
+
+
+class APIClaimSource:
+    """GET of one ResourceClaim through a ``kubernetes.client.ApiClient``, as a plain dict.
+
+    The first API version the server serves is remembered; a 404 that is not about the claim
+    itself (the version is not served) moves on to the next version.
+    """
+
+    def __init__(self, api_client: Any, versions: Sequence[str] = CLAIM_API_VERSIONS) -> None:
+        self._api = api_client
+        self._versions = list(versions)
+        self._lock = threading.Lock()
+
+    def get(self, ref: ClaimRef) -> Mapping[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
+        for version in list(self._versions):
+            path = (
+                f"/apis/resource.k8s.io/{version}/namespaces/{ref.namespace}"
+                f"/resourceclaims/{ref.name}"
+            )
+            try:
+                resp = self._api.call_api(
+                    path, "GET", header_params={"Accept": "application/json"},
+                    auth_settings=["BearerToken"], _preload_content=False,
+                    _return_http_data_only=True,
+                )
+                return dict(json.loads(resp.data))
+            except ApiException as err:
+                if err.status == 404 and self._about_claim(err, ref):
+                    raise ClaimNotFoundError(
+                        str(ref), "not found in the API server (deleted?)"
+                    ) from err
+                if err.status == 404 and len(self._versions) > 1:
+                    with self._lock:
+                        if version in self._versions and len(self._versions) > 1:
+                            self._versions.remove(version)
+                    continue
+                raise ClaimFetchError(
+                    str(ref), f"GET from the API server failed: {err.status} {err.reason}"
+                ) from err
+            except Exception as err:  # connection refused, timeouts, bad JSON
+                raise ClaimFetchError(str(ref), f"GET from the API server failed: {err}") from err
+        raise ClaimFetchError(str(ref), "the API server serves no resource.k8s.io version")
+
+    @staticmethod
+    def _about_claim(err: Any, ref: ClaimRef) -> bool:
+        try:
+            body = json.loads(err.body or "{}")
+        except ValueError:
+            return False
+        details = body.get("details") or {}
+        return bool(details.get("name") == ref.name)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimOutcome:
+    """One claim's answer: a record (prepare) or nothing (unprepare), or an error message."""
+
+    record: ClaimRecord | None = None
+    error: str = ""
+
+
+class _KeyedLocks:
+    """One lock per claim UID, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextlib.contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        with self._mutex:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._mutex:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+
+class PluginFramework:
+    """Claims in, outcomes out; used by both gRPC service versions."""
+
+    def __init__(
+        self,
+        driver: str,
+        claims: ClaimSource,
+        preparer: DevicePreparer,
+        metrics: Metrics | None = None,
+        serialize_lock: Path | None = None,
+    ) -> None:
+        self.driver = driver
+        self.claims = claims
+        self.preparer = preparer
+        self.metrics = metrics or Metrics()
+        self._locks = _KeyedLocks()
+        #: Rolling-update mode: two agent instances share the plugin directory and either may
+        #: get any call, so every claim operation also holds this cross-process file lock.
+        self._serialize_lock = serialize_lock
+
+    @contextlib.contextmanager
+    def _claim_lock(self, uid: str) -> Iterator[None]:
+        with self._locks.hold(uid):
+            if self._serialize_lock is None:
+                yield
+                return
+            fd = os.open(self._serialize_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+
+    def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, ClaimOutcome]:
+        return {ref.uid: self._prepare_one(ref) for ref in refs}
+
+    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, ClaimOutcome]:
+        return {ref.uid: self._unprepare_one(ref) for ref in refs}
+
+    def _prepare_one(self, ref: ClaimRef) -> ClaimOutcome:
+        start = time.perf_counter()
+        try:
+            if not ref.uid or not ref.name or not ref.namespace:
+                raise ClaimError(str(ref), "the kubelet sent an incomplete claim reference")
+            # Fetched before taking the claim's lock, as the upstream helper does: a slow API
+            # server must not hold up a concurrent unprepare of the same claim.
+            claim = parse_claim(self.claims.get(ref), expected=ref)
+            if not claim.allocated:
+                raise ClaimNotAllocatedError(
+                    str(ref), "not allocated; the scheduler has not placed it on a node yet"
+                )
+            with self._claim_lock(ref.uid):
+                record = self.preparer.prepare(claim)
+        except ClaimError as err:
+            return self._failed("prepare", ref, err.reason, str(err))
+        except Exception as err:  # a bug or the host: still this claim's answer only
+            log.exception("prepare failed unexpectedly", extra={"claim": ref.uid})
+            return self._failed("prepare", ref, "internal", f"claim {ref}: internal error: {err}")
+        log.info(
+            "claim prepared",
+            extra={
+                "claim": ref.uid,
+                "namespace": ref.namespace,
+                "name": ref.name,
+                "pool": self.preparer.pool,
+                "devices": ",".join(d.device for d in record.devices),
+                "seconds": round(time.perf_counter() - start, 4),
+            },
+        )
+        return ClaimOutcome(record=record)
+
+    def _unprepare_one(self, ref: ClaimRef) -> ClaimOutcome:
+        try:
+            if not ref.uid:
+                raise ClaimError(str(ref), "the kubelet sent a claim reference without a UID")
+            with self._claim_lock(ref.uid):
+                self.preparer.unprepare(ref.uid)
+        except ClaimError as err:
+            return self._failed("unprepare", ref, err.reason, str(err))
+        except Exception as err:
+            log.exception("unprepare failed", extra={"claim": ref.uid})
+            return self._failed("unprepare", ref, "internal", f"claim {ref}: {err}")
+        log.info("claim unprepared", extra={"claim": ref.uid, "name": ref.name})
+        return ClaimOutcome()
+
+    def _failed(self, op: str, ref: ClaimRef, reason: str, message: str) -> ClaimOutcome:
+        self.metrics.claim_errors.labels(op, reason).inc()
+        log.warning(
+            f"{op} failed",
+            extra={"claim": ref.uid, "namespace": ref.namespace, "name": ref.name,
+                   "reason": reason, "error": message},
+        )
+        return ClaimOutcome(error=message)

@@ -1,0 +1,158 @@
+"""The plugin registration service on ``<kubelet>/plugins_registry/<driver>-reg.sock``.
+
+``GetInfo`` answers from memory (the kubelet allows 1 s). ``NotifyRegistrationStatus`` is
+recorded. A kubelet that reports failure, or never calls within ``timeout_s``, does not retry on
+its own (kubernetes #133725), so the socket is then recreated: the kubelet's directory watcher
+sees a new socket and starts a fresh registration.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from agent.plugin.sockets import prepare_socket_path, remove_socket, restrict
+from protos.pluginregistration import api_pb2 as reg_pb2
+from protos.pluginregistration import api_pb2_grpc as reg_grpc
+
+log = logging.getLogger(__name__)
+PLUGIN_TYPE = "DRAPlugin"
+DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationStatus:
+    registered: bool
+    error: str
+
+
+class _Servicer(reg_grpc.RegistrationServicer):  # type: ignore[misc]
+    def __init__(self, owner: RegistrationServer) -> None:
+        self._owner = owner
+
+    def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        o = self._owner
+        return reg_pb2.PluginInfo(
+            type=PLUGIN_TYPE, name=o.driver, endpoint=str(o.endpoint),
+            supported_versions=list(o.versions),
+        )
+
+    def NotifyRegistrationStatus(  # noqa: N802
+        self, request: Any, context: grpc.ServicerContext
+    ) -> Any:
+        self._owner.notified(RegistrationStatus(request.plugin_registered, request.error))
+        return reg_pb2.RegistrationStatusResponse()
+
+
+class RegistrationServer:
+    def __init__(
+        self,
+        path: Path,
+        driver: str,
+        endpoint: Path,
+        versions: Sequence[str] = DRA_SERVICES,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.path = path
+        self.driver = driver
+        self.endpoint = endpoint
+        self.versions = tuple(versions)
+        self.timeout_s = timeout_s
+        #: How many times the socket was recreated to provoke a new registration.
+        self.recreations = 0
+        self._status: RegistrationStatus | None = None
+        self._server: Any = None
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def status(self) -> RegistrationStatus | None:
+        return self._status
+
+    @property
+    def registered(self) -> bool:
+        return self._status is not None and self._status.registered
+
+    def notified(self, status: RegistrationStatus) -> None:
+        with self._cond:
+            self._status = status
+            self._cond.notify_all()
+        if status.registered:
+            log.info("registered with the kubelet", extra={"driver": self.driver})
+        else:
+            log.error(
+                "kubelet refused the registration; recreating the socket",
+                extra={"driver": self.driver, "error": status.error},
+            )
+
+    def start(self) -> None:
+        self._listen()
+        self._thread = threading.Thread(
+            target=self._watch, name="registration-watchdog", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        self._shutdown(grace_s)
+
+    def wait_registered(self, timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self.registered, timeout_s)
+
+    def _listen(self) -> None:
+        prepare_socket_path(self.path)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg"))
+        reg_grpc.add_RegistrationServicer_to_server(_Servicer(self), server)
+        server.add_insecure_port(f"unix://{self.path}")
+        server.start()
+        restrict(self.path)
+        self._server = server
+
+    def _shutdown(self, grace_s: float) -> None:
+        if self._server is not None:
+            self._server.stop(grace_s).wait()
+            self._server = None
+        remove_socket(self.path)
+
+    def _watch(self) -> None:
+        """Recreate the socket on a refusal, or when no notification came in time."""
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or self._status is not None,
+                                    self.timeout_s)
+                if self._stopping:
+                    return
+                status = self._status
+                if status is not None and status.registered:
+                    # Registered: wait until stopped or the kubelet reports a new failure
+                    # (a restarted kubelet registers again on the same socket).
+                    self._cond.wait_for(
+                        lambda: self._stopping
+                        or (self._status is not None and not self._status.registered)
+                    )
+                    if self._stopping:
+                        return
+            if status is None:
+                log.warning(
+                    "no registration from the kubelet in time; recreating the socket",
+                    extra={"driver": self.driver, "timeout_s": self.timeout_s},
+                )
+            self.recreations += 1
+            self._shutdown(0)
+            with self._cond:
+                self._status = None
+            self._listen()

@@ -1,0 +1,138 @@
+"""Socket paths, owner-only permissions, stale-socket replacement and the instance lock.
+
+Layout (the kubelet root dir is configurable):
+
+* ``<kubelet>/plugins_registry/<driver>-reg.sock`` — registration (watched by the kubelet);
+* ``<kubelet>/plugins/<driver>/dra.sock`` — the DRA services (the ``endpoint``);
+* rolling-update mode: ``<driver>-<podUID>-reg.sock`` and ``dra-<podUID>.sock`` so the old and
+  the new pod never unlink each other's sockets (falling back to a short hash of the pod UID
+  when the path would pass the 108-byte AF_UNIX limit);
+* ``<plugin dir>/instance.lock`` (normal mode) or ``instance-<podUID>.lock``: held for the
+  life of the process, so a second agent on the node fails at once instead of stealing the
+  sockets of the running one.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+#: AF_UNIX ``sun_path`` holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+class SocketError(Exception):
+    """A socket path that cannot be used; the message says which and why."""
+
+
+class AlreadyRunningError(SocketError):
+    """Another agent instance holds this plugin directory's instance lock."""
+
+
+@dataclass(frozen=True, slots=True)
+class SocketPaths:
+    registration: Path
+    dra: Path
+    plugin_dir: Path
+    instance_lock: Path
+    serialize_lock: Path
+
+
+def _short(pod_uid: str) -> str:
+    digest = hashlib.sha256(pod_uid.encode()).digest()[:8]
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def socket_paths(
+    kubelet_dir: Path, driver: str, pod_uid: str | None = None, rolling_update: bool = False
+) -> SocketPaths:
+    """The paths for this instance; raises SocketError when they cannot fit or are unsafe."""
+    if not kubelet_dir.is_absolute():
+        raise SocketError(f"kubelet dir {kubelet_dir} must be absolute (the kubelet dials it)")
+    if "/" in driver or driver.startswith("."):
+        raise SocketError(f"driver name {driver!r} cannot be used in a socket file name")
+    registry = kubelet_dir / "plugins_registry"
+    plugin_dir = kubelet_dir / "plugins" / driver
+    if rolling_update:
+        if not pod_uid:
+            raise SocketError("rolling-update mode needs the pod UID (POD_UID, downward API)")
+        candidates = [
+            (registry / f"{driver}-{pod_uid}-reg.sock", plugin_dir / f"dra-{pod_uid}.sock"),
+            (
+                registry / f"{driver}-{_short(pod_uid)}-reg.sock",
+                plugin_dir / f"dra-{_short(pod_uid)}.sock",
+            ),
+        ]
+        lock = plugin_dir / f"instance-{pod_uid}.lock"
+    else:
+        candidates = [(registry / f"{driver}-reg.sock", plugin_dir / "dra.sock")]
+        lock = plugin_dir / "instance.lock"
+    for reg, dra in candidates:
+        if max(len(os.fsencode(reg)), len(os.fsencode(dra))) <= MAX_SOCKET_PATH:
+            return SocketPaths(reg, dra, plugin_dir, lock, plugin_dir / "serialize.lock")
+    reg, dra = candidates[-1]
+    raise SocketError(
+        f"socket paths {reg} / {dra} exceed the {MAX_SOCKET_PATH}-byte AF_UNIX limit; "
+        "use a shorter --kubelet-dir or driver name"
+    )
+
+
+def prepare_socket_path(path: Path) -> None:
+    """Make ``path`` free for a new socket: create the directory, remove a stale socket.
+
+    Only a socket is removed; any other kind of file there is somebody else's and an error.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SocketError(f"{path} exists and is not a socket; refusing to remove it")
+    os.unlink(path)
+
+
+def restrict(path: Path) -> None:
+    """Owner-only access: the kubelet runs as root, nobody else may call the plugin."""
+    os.chmod(path, 0o600)
+
+
+def remove_socket(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+
+
+class InstanceLock:
+    """An exclusive, non-blocking flock held for the life of the agent."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise AlreadyRunningError(
+                f"another dra-agent (pid {holder}) already serves {self.path.parent}; "
+                "stop it first, or use rolling-update mode with distinct pod UIDs"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,102 @@
+"""One transient CDI spec per claim, as the DESIGN fixes it.
+
+* kind ``k8s.<driver>/claim``; file ``k8s.<driver>-claim_<claimUID>.json`` in the CDI dir;
+* device names ``<claimUID>-<device>`` (unique per claim, so two claims never define the same
+  qualified name, which would make both unusable);
+* each device's edits are its hardware edits (``DeviceEdits``, e.g. ``cdi.edits.EditsProvider``)
+  plus env describing it; the claim-level env goes in the spec-level edits;
+* the lowest cdiVersion the content needs (``cdi.spec`` computes it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from agent.claims import ClaimRef
+from agent.prepare.state import SpecDevice
+from cdi.annotations import annotations_for
+from cdi.files import claim_spec_file_name, remove_spec, write_spec
+from cdi.spec import CDIDevice, ContainerEdits, Spec
+from discovery.model import Device
+
+CLASS = "claim"
+_UID = re.compile(r"^[0-9a-fA-F-]{36}$")
+
+
+class DeviceEdits(Protocol):
+    """Hardware container edits of one device (``cdi.edits.EditsProvider`` fits)."""
+
+    def edits_for(self, device: Device) -> ContainerEdits: ...
+
+
+class EnvOnlyEdits:
+    """No hardware edits: what a simulated node, without device nodes, can offer."""
+
+    def edits_for(self, device: Device) -> ContainerEdits:
+        return ContainerEdits()
+
+
+class CDIClaimSpecs:
+    """``ClaimSpecs`` on a real CDI directory."""
+
+    def __init__(self, cdi_dir: Path, driver: str, edits: DeviceEdits) -> None:
+        self.cdi_dir = cdi_dir
+        self.vendor = f"k8s.{driver}"
+        self.kind = f"{self.vendor}/{CLASS}"
+        self.edits = edits
+        self._prefix = f"{self.vendor}-{CLASS}_"
+
+    def cdi_id(self, claim_uid: str, device: str) -> str:
+        return f"{self.kind}={claim_uid}-{device}"
+
+    def path(self, claim_uid: str) -> Path:
+        return self.cdi_dir / claim_spec_file_name(self.vendor, CLASS, claim_uid)
+
+    def build(self, claim: ClaimRef, devices: Sequence[SpecDevice], env: Sequence[str]) -> Spec:
+        cdi_devices = []
+        for item in devices:
+            edits = self.edits.edits_for(item.device).merge(ContainerEdits(env=item.env))
+            cdi_devices.append(CDIDevice(name=f"{claim.uid}-{item.device.name}",
+                                         container_edits=edits))
+        return Spec(kind=self.kind, devices=tuple(cdi_devices),
+                    container_edits=ContainerEdits(env=tuple(env)))
+
+    def write(self, claim: ClaimRef, devices: Sequence[SpecDevice], env: Sequence[str]) -> Path:
+        spec = self.build(claim, devices, env)
+        return write_spec(self.cdi_dir, self.path(claim.uid).name, spec)
+
+    def remove(self, claim_uid: str) -> None:
+        remove_spec(self.cdi_dir, self.path(claim_uid).name)
+
+    def claim_devices(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        try:
+            names = os.listdir(self.cdi_dir)
+        except FileNotFoundError:
+            return out
+        for name in names:
+            if not (name.startswith(self._prefix) and name.endswith(".json")):
+                continue
+            uid = name[len(self._prefix) : -len(".json")]
+            if not _UID.match(uid):
+                continue
+            out[uid] = self._devices_in(self.cdi_dir / name, uid)
+        return out
+
+    def _devices_in(self, path: Path, uid: str) -> list[str]:
+        """Device names in one of our specs; [] when unreadable (its UID still counts)."""
+        try:
+            doc = json.loads(path.read_bytes())
+            names = [str(d["name"]) for d in doc.get("devices", [])]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return []
+        return [n[len(uid) + 1 :] for n in names if n.startswith(uid + "-")]
+
+    def annotations(self, claim_uid: str, cdi_ids: Sequence[str]) -> dict[str, str]:
+        """The ``cdi.k8s.io/`` annotation the kubelet's DRA manager once set per claim."""
+        return annotations_for(self.vendor.removeprefix("k8s."), claim_uid, cdi_ids)

@@ -1,0 +1,25 @@
+"""Per-claim preparation errors; each names the claim, the device and what to do."""
+
+from __future__ import annotations
+
+from agent.claims import ClaimError
+
+
+class UnknownDeviceError(ClaimError):
+    reason = "unknown_device"
+
+
+class DeviceTakenError(ClaimError):
+    reason = "device_taken"
+
+
+class BadConfigError(ClaimError):
+    reason = "bad_config"
+
+
+class SpecWriteError(ClaimError):
+    reason = "cdi_write"
+
+
+class CheckpointUnavailableError(ClaimError):
+    reason = "checkpoint"

@@ -1,0 +1,334 @@
+"""Device preparation: what prepare and unprepare do on this node, without any gRPC.
+
+``DevicePreparer`` receives claims already fetched and checked by the plugin framework and
+answers with the devices to hand to the kubelet. It owns three facts:
+
+* which devices exist (the inventory, asked on each call: hotplug may change it);
+* which devices are prepared for which claim (the checkpoint, read-modify-written under its
+  lock, so "is this device free?" and "it is mine now" happen atomically across claims);
+* the CDI spec of each claim (``ClaimSpecs``).
+
+The framework serialises calls per claim; calls for different claims run in parallel here.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+from agent.checkpoint import ClaimRecord, ClaimState, PreparedDevice
+from agent.checkpoint_store import CheckpointStore, CheckpointWriteError
+from agent.claims import AllocatedDevice, Claim, ClaimRef
+from agent.metrics import Metrics
+from agent.opaque import ConfigDecodeError, DeviceConfig, merge_configs
+from agent.prepare.errors import (
+    BadConfigError,
+    CheckpointUnavailableError,
+    DeviceTakenError,
+    SpecWriteError,
+    UnknownDeviceError,
+)
+from cdi.errors import CDIError
+from discovery.model import Device, Inventory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SpecDevice:
+    """One device of a claim's CDI spec: the inventory device plus the env describing it."""
+
+    device: Device
+    env: tuple[str, ...]
+
+
+class ClaimSpecs(Protocol):
+    """The per-claim CDI spec files (the seam to ``cdi``; tests may pass their own)."""
+
+    def cdi_id(self, claim_uid: str, device: str) -> str: ...
+
+    def path(self, claim_uid: str) -> Path: ...
+
+    def write(self, claim: ClaimRef, devices: Sequence[SpecDevice], env: Sequence[str]) -> Path:
+        """Write the claim's spec durably; raise OSError-derived errors on failure."""
+        ...
+
+    def remove(self, claim_uid: str) -> None: ...
+
+    def claim_devices(self) -> dict[str, list[str]]:
+        """Claim UID -> device names, for every claim spec of ours in the CDI directory."""
+        ...
+
+    def annotations(self, claim_uid: str, cdi_ids: Sequence[str]) -> dict[str, str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    rolled_back: tuple[str, ...] = ()
+    orphans_removed: tuple[str, ...] = ()
+    adopted: tuple[str, ...] = ()
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def env_key(device_name: str) -> str:
+    return re.sub(r"[^A-Z0-9]", "_", device_name.upper())
+
+
+class DevicePreparer:
+    def __init__(
+        self,
+        *,
+        driver: str,
+        pool: str,
+        node_name: str,
+        checkpoint: CheckpointStore,
+        specs: ClaimSpecs,
+        inventory: Callable[[], Inventory],
+        boot_id: str,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.driver = driver
+        self.pool = pool
+        self.node_name = node_name
+        self.checkpoint = checkpoint
+        self.specs = specs
+        self.inventory = inventory
+        self.boot_id = boot_id
+        self.metrics = metrics or Metrics()
+
+    # -- start-up -------------------------------------------------------------------------
+
+    def recover(self) -> RecoveryReport:
+        """Finish what a crash interrupted; run once before serving.
+
+        PrepareStarted records are rolled back (the kubelet will ask again). Spec files of ours
+        that no record explains are removed, unless the checkpoint was just found corrupt: then
+        they are the best evidence of what is prepared, so they are adopted as recovered
+        records that keep their devices reserved.
+        """
+        records = self.checkpoint.claims()
+        corrupt = bool(self.checkpoint.corrupt_copies)
+        on_disk = self.specs.claim_devices()
+        rolled_back = [u for u, r in records.items() if r.state is ClaimState.PREPARE_STARTED]
+        orphans = [u for u in on_disk if u not in records]
+        for uid in rolled_back:
+            self.specs.remove(uid)
+        adopted: dict[str, ClaimRecord] = {}
+        if corrupt:
+            for uid in orphans:
+                adopted[uid] = ClaimRecord(
+                    uid=uid, namespace="", name="", state=ClaimState.PREPARE_COMPLETED,
+                    devices=tuple(
+                        PreparedDevice(pool=self.pool, device=d, requests=(),
+                                       cdi_ids=(self.specs.cdi_id(uid, d),))
+                        for d in on_disk[uid]
+                    ),
+                    spec_path=str(self.specs.path(uid)), boot_id=self.boot_id,
+                    updated=_now(), recovered=True,
+                )
+        else:
+            for uid in orphans:
+                self.specs.remove(uid)
+
+        def change(claims: dict[str, ClaimRecord]) -> None:
+            for uid in rolled_back:
+                claims.pop(uid, None)
+            claims.update(adopted)
+
+        self.checkpoint.update(change)
+        report = RecoveryReport(
+            rolled_back=tuple(rolled_back),
+            orphans_removed=() if corrupt else tuple(orphans),
+            adopted=tuple(adopted),
+        )
+        if rolled_back or orphans:
+            log.warning(
+                "recovered from an interrupted run",
+                extra={
+                    "rolled_back": ",".join(report.rolled_back),
+                    "orphans_removed": ",".join(report.orphans_removed),
+                    "adopted": ",".join(report.adopted),
+                },
+            )
+        self._update_gauges()
+        return report
+
+    # -- prepare --------------------------------------------------------------------------
+
+    def prepare(self, claim: Claim) -> ClaimRecord:
+        """Prepare ``claim`` (allocated, UID checked) and return its completed record."""
+        ref = claim.ref
+        results = claim.results_for(self.driver)
+        existing = self.checkpoint.claims().get(ref.uid)
+        if existing is not None and existing.completed and not existing.recovered:
+            return self._repeat(claim, existing, results)
+        inventory = self.inventory().by_name()
+        spec_devices = [self._spec_device(claim, r, inventory) for r in results]
+        prepared = tuple(self._prepared(ref, r) for r in results)
+        spec_path = str(self.specs.path(ref.uid))
+        cdi_ids = [i for d in prepared for i in d.cdi_ids]
+        record = ClaimRecord(
+            uid=ref.uid, namespace=ref.namespace, name=ref.name,
+            state=ClaimState.PREPARE_STARTED, devices=prepared,
+            cdi_annotations=self.specs.annotations(ref.uid, cdi_ids) if cdi_ids else {},
+            spec_path=spec_path, boot_id=self.boot_id, updated=_now(),
+        )
+
+        def start(claims: dict[str, ClaimRecord]) -> None:
+            self._check_free(ref, results, claims)
+            claims[ref.uid] = record
+
+        self._checkpoint(ref, start)
+        try:
+            if spec_devices:
+                self._write_spec(ref, spec_devices)
+            done = record.with_state(ClaimState.PREPARE_COMPLETED, _now())
+            self._checkpoint(ref, lambda claims: claims.__setitem__(ref.uid, done))
+        except BaseException:
+            self._rollback(ref.uid)
+            raise
+        self._update_gauges()
+        return done
+
+    def _repeat(
+        self, claim: Claim, existing: ClaimRecord, results: Sequence[AllocatedDevice]
+    ) -> ClaimRecord:
+        """A prepare of a prepared claim: same answer; rewrite the spec if it was lost.
+
+        The spec is rewritten when it is missing or the node rebooted since it was written
+        (``/var/run/cdi`` is tmpfs; every existing driver once answered with CDI IDs whose spec
+        was gone).
+        """
+        ref = claim.ref
+        spec_missing = bool(existing.devices) and not Path(existing.spec_path).exists()
+        if not spec_missing and existing.boot_id == self.boot_id:
+            return existing
+        if existing.devices:
+            inventory = self.inventory().by_name()
+            self._write_spec(ref, [self._spec_device(claim, r, inventory) for r in results])
+        fresh = replace(existing, boot_id=self.boot_id, updated=_now())
+        self._checkpoint(ref, lambda claims: claims.__setitem__(ref.uid, fresh))
+        log.info(
+            "rewrote CDI spec of a prepared claim",
+            extra={"claim": ref.uid, "reason": "missing" if spec_missing else "reboot"},
+        )
+        return fresh
+
+    def _spec_device(
+        self, claim: Claim, result: AllocatedDevice, inventory: dict[str, Device]
+    ) -> SpecDevice:
+        ref = claim.ref
+        device = inventory.get(result.device) if result.pool == self.pool else None
+        if device is None:
+            raise UnknownDeviceError(
+                str(ref),
+                f"device {result.pool}/{result.device} (request {result.request}) does not "
+                f"exist on node {self.node_name}; the allocation is stale or the device was "
+                "removed, so delete and re-create the claim",
+            )
+        try:
+            config = merge_configs(c.parameters for c in claim.configs_for(self.driver, result))
+        except ConfigDecodeError as err:
+            raise BadConfigError(
+                str(ref), f"opaque config for request {result.base_request}: {err}"
+            ) from err
+        return SpecDevice(device=device, env=self._device_env(result, device, config))
+
+    def _device_env(
+        self, result: AllocatedDevice, device: Device, config: DeviceConfig
+    ) -> tuple[str, ...]:
+        key = f"DRA_AGENT_DEVICE_{env_key(device.name)}"
+        env = [f"{key}={result.pool}/{device.name}", f"{key}_REQUEST={result.base_request}"]
+        if device.host.pci_address:
+            env.append(f"{key}_PCI_ADDRESS={device.host.pci_address}")
+        if result.admin_access:
+            env.append(f"{key}_ADMIN_ACCESS=true")
+        if result.share_id:
+            env.append(f"{key}_SHARE_ID={result.share_id}")
+        env += [f"{k}={v}" for k, v in config.env.items()]
+        return tuple(env)
+
+    def _prepared(self, ref: ClaimRef, result: AllocatedDevice) -> PreparedDevice:
+        return PreparedDevice(
+            pool=result.pool,
+            device=result.device,
+            requests=(result.base_request,),
+            cdi_ids=(self.specs.cdi_id(ref.uid, result.device),),
+            share_id=result.share_id,
+            admin_access=result.admin_access,
+        )
+
+    def _check_free(
+        self, ref: ClaimRef, results: Sequence[AllocatedDevice], claims: dict[str, ClaimRecord]
+    ) -> None:
+        """Refuse a device another claim holds, unless admin access or a share makes it legal.
+
+        The driver is the last line of defence against a double allocation (a stale scheduler
+        cache, a force-deleted pod whose claim was re-allocated before unprepare).
+        """
+        for result in results:
+            if result.admin_access:
+                continue
+            for other in claims.values():
+                if other.uid == ref.uid:
+                    continue
+                for held in other.devices:
+                    if (held.pool, held.device) != (result.pool, result.device):
+                        continue
+                    if held.admin_access or (result.share_id and held.share_id):
+                        continue
+                    owner = f"{other.namespace}/{other.name} ({other.uid})"
+                    raise DeviceTakenError(
+                        str(ref),
+                        f"device {result.pool}/{result.device} is already prepared for claim "
+                        f"{owner}; it is released when the pods using that claim are gone",
+                    )
+
+    def _write_spec(self, ref: ClaimRef, devices: Sequence[SpecDevice]) -> None:
+        env = (
+            f"DRA_AGENT_CLAIM={ref.namespace}/{ref.name}",
+            f"DRA_AGENT_CLAIM_UID={ref.uid}",
+            f"DRA_AGENT_NODE={self.node_name}",
+        )
+        try:
+            self.specs.write(ref, devices, env)
+        except (OSError, CDIError) as err:
+            raise SpecWriteError(
+                str(ref), f"cannot write CDI spec {self.specs.path(ref.uid)}: {err}"
+            ) from err
+
+    def _checkpoint(self, ref: ClaimRef, change: Callable[[dict[str, ClaimRecord]], None]) -> None:
+        try:
+            self.checkpoint.update(change)
+        except CheckpointWriteError as err:
+            raise CheckpointUnavailableError(str(ref), str(err)) from err
+
+    def _rollback(self, uid: str) -> None:
+        try:
+            self.specs.remove(uid)
+            self.checkpoint.update(lambda claims: claims.pop(uid, None))
+        except Exception:  # the original error matters more; start-up recovery retries
+            log.exception("rollback of a failed prepare failed", extra={"claim": uid})
+
+    # -- unprepare ------------------------------------------------------------------------
+
+    def unprepare(self, uid: str) -> None:
+        """Undo a prepare. Unknown claims succeed: the spec name derives from the UID alone."""
+        self.specs.remove(uid)
+        self.checkpoint.update(lambda claims: claims.pop(uid, None))
+        self._update_gauges()
+
+    # -- gauges ---------------------------------------------------------------------------
+
+    def _update_gauges(self) -> None:
+        claims = self.checkpoint.claims()
+        self.metrics.prepared_claims.set(len(claims))
+        self.metrics.prepared_devices.set(sum(len(r.devices) for r in claims.values()))
