@@ -1,0 +1,282 @@
+"""``EditsProvider``: the container edits a device of the inventory needs, per device kind.
+
+The plugin asks for ``edits_for(device)`` per device and ``common_edits_for(devices)`` once per
+claim (the spec-level edits). The NVIDIA common edits walk the driver installation, which
+takes milliseconds, so they are cached and rebuilt only when the loaded driver version, the
+ld cache or the control device nodes change. Per-device edits are a few ``stat`` calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from collections.abc import Sequence
+from enum import StrEnum
+from pathlib import Path
+
+from cdi.dri import KFD, drm_nodes
+from cdi.errors import DeviceEditsError
+from cdi.host import HostLookupError, char_node, in_root
+from cdi.nic import (
+    VFIO_CONTAINER,
+    iommu_group,
+    net_device,
+    rdma_cm_node,
+    rdma_nodes,
+    vfio_group_node,
+)
+from cdi.nvidia import (
+    OPTIONAL_CONTROL_NODES,
+    REQUIRED_CONTROL_NODES,
+    control_nodes,
+    driver_edits,
+    gpu_minor_from_proc,
+    gpu_node,
+    mig_cap_nodes,
+)
+from cdi.nvidia_driver import DriverRoot
+from cdi.spec import ContainerEdits, DeviceNode, NetDevice
+from discovery.model import Device, DeviceType
+
+__all__ = ["DeviceKind", "DriverRoot", "EditsProvider", "describe_env", "device_kind"]
+
+_VENDOR_ALIASES = {
+    "nvidia": "nvidia", "0x10de": "nvidia", "10de": "nvidia",
+    "amd": "amd", "0x1002": "amd", "1002": "amd",
+    "intel": "intel", "0x8086": "intel", "8086": "intel",
+}  # fmt: skip
+
+
+class DeviceKind(StrEnum):
+    NVIDIA_GPU = "nvidia-gpu"
+    NVIDIA_MIG = "nvidia-mig"
+    AMD_GPU = "amd-gpu"
+    INTEL_GPU = "intel-gpu"
+    NIC = "nic"
+    VFIO = "vfio"
+    OTHER = "other"
+
+
+def device_kind(device: Device) -> DeviceKind:
+    """Which edits a device needs. A function bound to ``vfio-pci`` is VFIO whatever it is."""
+    host = device.host
+    if host.driver == "vfio-pci":
+        return DeviceKind.VFIO
+    vendor = _VENDOR_ALIASES.get((host.vendor or "").lower())
+    if device.type == DeviceType.MIG:
+        return DeviceKind.NVIDIA_MIG
+    if device.type == DeviceType.GPU:
+        if vendor == "nvidia" or (vendor is None and (host.uuid or "").startswith("GPU-")):
+            return DeviceKind.NVIDIA_GPU
+        if vendor == "amd":
+            return DeviceKind.AMD_GPU
+        if vendor == "intel":
+            return DeviceKind.INTEL_GPU
+        return DeviceKind.OTHER
+    if device.type in (DeviceType.NIC, DeviceType.VF):
+        return DeviceKind.NIC
+    return DeviceKind.OTHER
+
+
+def _env_key(name: str) -> str:
+    return re.sub(r"[^A-Z0-9]", "_", name.upper())
+
+
+def describe_env(device: Device) -> tuple[str, ...]:
+    """``DRA_AGENT_DEVICE_<NAME>_<FIELD>=value`` entries telling a container what it got."""
+    host = device.host
+    prefix = f"DRA_AGENT_DEVICE_{_env_key(device.name)}_"
+    fields: list[tuple[str, object]] = [
+        ("NAME", device.name),
+        ("TYPE", str(device.type)),
+        ("PCI_ADDRESS", host.pci_address),
+        ("UUID", host.uuid),
+        ("PARENT_UUID", host.parent_uuid),
+        ("MIG_GI", host.mig_gi),
+        ("MIG_CI", host.mig_ci),
+        ("IF_NAME", host.if_name),
+        ("RDMA_DEVICE", host.rdma_device),
+        ("IOMMU_GROUP", host.iommu_group),
+    ]
+    return tuple(f"{prefix}{key}={value}" for key, value in fields if value is not None)
+
+
+class EditsProvider:
+    """Container edits for inventory devices, from the host's real device nodes and driver.
+
+    ``driver_root`` is where the NVIDIA driver installation is seen by this process;
+    ``host_driver_root`` where the container runtime sees it (defaults to the same).
+    ``simulated=True`` (no real hardware behind the inventory): only env edits, so a
+    container in a kind cluster starts and can tell which devices it got.
+    """
+
+    def __init__(
+        self,
+        driver_root: Path = Path("/"),
+        dev_root: Path = Path("/dev"),
+        proc_root: Path = Path("/proc"),
+        simulated: bool = False,
+        *,
+        sysfs_root: Path = Path("/sys"),
+        host_driver_root: Path | None = None,
+        hook_path: str | None = None,
+    ) -> None:
+        self.driver_root = driver_root
+        self.dev_root = dev_root
+        self.proc_root = proc_root
+        self.sysfs_root = sysfs_root
+        self.simulated = simulated
+        self.host_driver_root = host_driver_root or driver_root
+        self.hook_path = hook_path
+        self._lock = threading.Lock()
+        self._nvidia: tuple[object, DriverRoot, ContainerEdits] | None = None
+
+    # -- per device ----------------------------------------------------------------------
+
+    def edits_for(
+        self, device: Device, *, interface_name: str | None = None, move_netdev: bool = True
+    ) -> ContainerEdits:
+        """The device's own edits. For a NIC with a host interface, ``move_netdev`` adds a
+        CDI 1.1.0 ``netDevices`` edit naming it ``interface_name`` (default: unchanged)
+        inside the pod. Raises ``DeviceEditsError`` when the host lacks what it needs."""
+        if self.simulated:
+            return ContainerEdits(env=describe_env(device))
+        try:
+            edits = self._hardware_edits(device, interface_name, move_netdev)
+            extra = tuple(char_node(self.dev_root, p) for p in device.host.dev_nodes)
+        except HostLookupError as err:
+            raise DeviceEditsError(device, err.reason) from err
+        return edits.merge(ContainerEdits(device_nodes=extra))
+
+    def _hardware_edits(
+        self, device: Device, interface_name: str | None, move_netdev: bool
+    ) -> ContainerEdits:
+        host = device.host
+        kind = device_kind(device)
+        if kind == DeviceKind.NVIDIA_GPU:
+            return ContainerEdits(device_nodes=(gpu_node(self.dev_root, self._minor(device)),))
+        if kind == DeviceKind.NVIDIA_MIG:
+            if host.minor is None or host.mig_gi is None or host.mig_ci is None:
+                raise HostLookupError("MIG device without parent minor, GI or CI id")
+            return ContainerEdits(
+                device_nodes=(
+                    gpu_node(self.dev_root, host.minor),
+                    *mig_cap_nodes(self.proc_root, host.minor, host.mig_gi, host.mig_ci),
+                )
+            )
+        if kind in (DeviceKind.AMD_GPU, DeviceKind.INTEL_GPU):
+            if any(p.startswith("/dev/dri/") for p in host.dev_nodes):
+                return ContainerEdits()  # discovery already named them; added by the caller
+            if host.pci_address is None:
+                raise HostLookupError("GPU without a PCI address")
+            return ContainerEdits(
+                device_nodes=drm_nodes(self.dev_root, self.sysfs_root, host.pci_address)
+            )
+        if kind == DeviceKind.VFIO:
+            group = host.iommu_group
+            if group is None:
+                if host.pci_address is None:
+                    raise HostLookupError("VFIO device without PCI address or IOMMU group")
+                group = iommu_group(self.sysfs_root, host.pci_address)
+            return ContainerEdits(device_nodes=(vfio_group_node(self.dev_root, group),))
+        if kind == DeviceKind.NIC:
+            rdma: tuple[DeviceNode, ...] = ()
+            if host.rdma_device:
+                rdma = rdma_nodes(self.dev_root, self.sysfs_root, host.rdma_device)
+            nets: tuple[NetDevice, ...] = ()
+            if move_netdev and host.if_name:
+                nets = (net_device(host.if_name, interface_name),)
+            return ContainerEdits(device_nodes=rdma, net_devices=nets)
+        return ContainerEdits()
+
+    def _minor(self, device: Device) -> int:
+        if device.host.minor is not None:
+            return device.host.minor
+        if device.host.pci_address is None:
+            raise HostLookupError("NVIDIA GPU without minor number or PCI address")
+        return gpu_minor_from_proc(self.proc_root, device.host.pci_address)
+
+    # -- shared by the devices of a claim -----------------------------------------------
+
+    def common_edits_for(self, devices: Sequence[Device]) -> ContainerEdits:
+        """Edits every container using any of ``devices`` needs once (spec-level edits)."""
+        if self.simulated or not devices:
+            return ContainerEdits()
+        kinds = {device_kind(d): d for d in reversed(devices)}  # first device of each kind
+        edits = ContainerEdits()
+        nvidia = kinds.get(DeviceKind.NVIDIA_GPU) or kinds.get(DeviceKind.NVIDIA_MIG)
+        if nvidia is not None:
+            edits = edits.merge(self._nvidia_common(nvidia))
+        shared: list[DeviceNode] = []
+        vfio = kinds.get(DeviceKind.VFIO)
+        if vfio is not None:
+            try:
+                shared.append(char_node(self.dev_root, VFIO_CONTAINER))
+            except HostLookupError as err:
+                raise DeviceEditsError(vfio, f"{err.reason}; is vfio-pci loaded?") from err
+        if any(device_kind(d) == DeviceKind.NIC and d.host.rdma_device for d in devices):
+            cm = rdma_cm_node(self.dev_root)  # only librdmacm users need it; optional
+            if cm is not None:
+                shared.append(cm)
+        if DeviceKind.AMD_GPU in kinds:
+            with contextlib.suppress(HostLookupError):  # graphics-only use works without it
+                shared.append(char_node(self.dev_root, KFD))
+        return edits.merge(ContainerEdits(device_nodes=tuple(shared)))
+
+    def driver(self) -> DriverRoot:
+        """The NVIDIA driver installation (cached like the common edits)."""
+        return self._nvidia_entry(None)[1]
+
+    def invalidate(self) -> None:
+        """Forget cached driver facts (after a driver upgrade the fingerprint notices anyway)."""
+        with self._lock:
+            self._nvidia = None
+
+    def _nvidia_common(self, device: Device) -> ContainerEdits:
+        return self._nvidia_entry(device)[2]
+
+    def _nvidia_entry(self, device: Device | None) -> tuple[object, DriverRoot, ContainerEdits]:
+        fingerprint = self._fingerprint()
+        with self._lock:
+            cached = self._nvidia
+            if cached is not None and cached[0] == fingerprint:
+                return cached
+            try:
+                driver = DriverRoot.discover(
+                    self.driver_root,
+                    self.proc_root,
+                    sysfs_root=self.sysfs_root,
+                    hook_path=self.hook_path,
+                )
+                nodes = control_nodes(self.dev_root)
+            except HostLookupError as err:
+                # Nothing incomplete is cached: the next claim looks again.
+                self._nvidia = None
+                raise DeviceEditsError(device or "nvidia", err.reason) from err
+            edits = ContainerEdits(device_nodes=nodes).merge(
+                driver_edits(driver, self.host_driver_root)
+            )
+            self._nvidia = (fingerprint, driver, edits)
+            return self._nvidia
+
+    def _fingerprint(self) -> object:
+        """Cheap facts that change when the driver is upgraded or its nodes (re)appear."""
+        parts: list[object] = []
+        try:
+            parts.append((self.proc_root / "driver/nvidia/version").read_bytes())
+        except OSError:
+            parts.append(None)
+        paths = [in_root(self.driver_root, "/etc/ld.so.cache")]
+        paths += [
+            self.dev_root / p.removeprefix("/dev/")
+            for p in (*REQUIRED_CONTROL_NODES, *OPTIONAL_CONTROL_NODES)
+        ]
+        for path in paths:
+            try:
+                st = os.stat(path)
+                parts.append((st.st_ino, st.st_mtime_ns, st.st_size, st.st_rdev))
+            except OSError:
+                parts.append(None)
+        return tuple(parts)
