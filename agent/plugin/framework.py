@@ -195,7 +195,7 @@ class PluginFramework:
             extra={
                 "claim": ref.uid,
                 "namespace": ref.namespace,
-                "name": ref.name,
+                "claim_name": ref.name,
                 "pool": self.preparer.pool,
                 "devices": ",".join(d.device for d in record.devices),
                 "seconds": round(time.perf_counter() - start, 4),
@@ -214,14 +214,14 @@ class PluginFramework:
         except Exception as err:
             log.exception("unprepare failed", extra={"claim": ref.uid})
             return self._failed("unprepare", ref, "internal", f"claim {ref}: {err}")
-        log.info("claim unprepared", extra={"claim": ref.uid, "name": ref.name})
+        log.info("claim unprepared", extra={"claim": ref.uid, "claim_name": ref.name})
         return ClaimOutcome()
 
     def _failed(self, op: str, ref: ClaimRef, reason: str, message: str) -> ClaimOutcome:
         self.metrics.claim_errors.labels(op, reason).inc()
         log.warning(
             f"{op} failed",
-            extra={"claim": ref.uid, "namespace": ref.namespace, "name": ref.name,
+            extra={"claim": ref.uid, "namespace": ref.namespace, "claim_name": ref.name,
                    "reason": reason, "error": message},
         )
         return ClaimOutcome(error=message)
