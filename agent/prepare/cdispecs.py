@@ -20,6 +20,7 @@ from typing import Protocol
 from agent.claims import ClaimRef
 from agent.prepare.state import SpecDevice
 from cdi.annotations import annotations_for
+from cdi.errors import CDIWriteError
 from cdi.files import claim_spec_file_name, remove_spec, write_spec
 from cdi.spec import CDIDevice, ContainerEdits, Spec
 from discovery.model import Device
@@ -71,7 +72,12 @@ class CDIClaimSpecs:
         return write_spec(self.cdi_dir, self.path(claim.uid).name, spec)
 
     def remove(self, claim_uid: str) -> None:
-        remove_spec(self.cdi_dir, self.path(claim_uid).name)
+        try:
+            remove_spec(self.cdi_dir, self.path(claim_uid).name)
+        except CDIWriteError as err:
+            if isinstance(err.__cause__, NotADirectoryError):
+                return  # no CDI directory, so certainly no spec in it
+            raise
 
     def claim_devices(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}

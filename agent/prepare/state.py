@@ -300,7 +300,9 @@ class DevicePreparer:
         )
         try:
             self.specs.write(ref, devices, env)
-        except (OSError, CDIError) as err:
+        except CDIError as err:  # names the file and the cause already
+            raise SpecWriteError(str(ref), str(err)) from err
+        except OSError as err:
             raise SpecWriteError(
                 str(ref), f"cannot write CDI spec {self.specs.path(ref.uid)}: {err}"
             ) from err
@@ -312,10 +314,12 @@ class DevicePreparer:
             raise CheckpointUnavailableError(str(ref), str(err)) from err
 
     def _rollback(self, uid: str) -> None:
+        """Undo a failed prepare. If the spec cannot be removed, the PrepareStarted record
+        stays, so the next prepare or the next start-up finishes the job."""
         try:
             self.specs.remove(uid)
             self.checkpoint.update(lambda claims: claims.pop(uid, None))
-        except Exception:  # the original error matters more; start-up recovery retries
+        except Exception:  # the original error matters more than this one
             log.exception("rollback of a failed prepare failed", extra={"claim": uid})
 
     # -- unprepare ------------------------------------------------------------------------
