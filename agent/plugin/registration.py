@@ -60,12 +60,16 @@ class RegistrationServer:
         endpoint: Path,
         versions: Sequence[str] = DRA_SERVICES,
         timeout_s: float = 30.0,
+        retry_delay_s: float = 1.0,
     ) -> None:
         self.path = path
         self.driver = driver
         self.endpoint = endpoint
         self.versions = tuple(versions)
         self.timeout_s = timeout_s
+        #: First pause before recreating after a refusal, doubled per consecutive refusal
+        #: (capped at ``timeout_s``), so a kubelet that keeps refusing is not hammered.
+        self.retry_delay_s = retry_delay_s
         #: How many times the socket was recreated to provoke a new registration.
         self.recreations = 0
         self._status: RegistrationStatus | None = None
@@ -130,6 +134,7 @@ class RegistrationServer:
 
     def _watch(self) -> None:
         """Recreate the socket on a refusal, or when no notification came in time."""
+        refusals = 0
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._stopping or self._status is not None,
@@ -151,6 +156,12 @@ class RegistrationServer:
                     "no registration from the kubelet in time; recreating the socket",
                     extra={"driver": self.driver, "timeout_s": self.timeout_s},
                 )
+            else:
+                refusals += 1
+                delay = min(self.retry_delay_s * 2 ** (refusals - 1), self.timeout_s)
+                with self._cond:
+                    if self._cond.wait_for(lambda: self._stopping, delay):
+                        return
             self.recreations += 1
             self._shutdown(0)
             with self._cond:
