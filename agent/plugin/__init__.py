@@ -106,7 +106,7 @@ class PluginServer:
         versions = (*DRA_SERVICES, HEALTH_SERVICE) if health_servicer is not None else DRA_SERVICES
         self.registration = RegistrationServer(
             self.paths.registration, options.driver_name, self.paths.dra, versions,
-            options.registration_timeout_s,
+            timeout_s=options.registration_timeout_s,
         )
         self._lock = InstanceLock(self.paths.instance_lock)
         self._dra: Any = None

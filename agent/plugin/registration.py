@@ -59,6 +59,7 @@ class RegistrationServer:
         driver: str,
         endpoint: Path,
         versions: Sequence[str] = DRA_SERVICES,
+        *,
         timeout_s: float = 30.0,
         retry_delay_s: float = 1.0,
     ) -> None:

@@ -107,7 +107,7 @@ def test_rolling_update_paths_carry_the_pod_uid() -> None:
     short = socket_paths(long_root, DRIVER, uid, rolling_update=True)
     assert uid not in short.registration.name
     assert len(os.fsencode(short.registration)) <= 107
-    with pytest.raises(SocketError, match="108|107"):
+    with pytest.raises(SocketError, match="AF_UNIX limit"):
         socket_paths(Path("/" + "x" * 120), DRIVER)
     with pytest.raises(SocketError, match="pod UID"):
         socket_paths(Path("/var/lib/kubelet"), DRIVER, None, rolling_update=True)
