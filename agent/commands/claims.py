@@ -1,0 +1,73 @@
+"""``dra-agent claims``: the claims prepared on this node, from the checkpoint.
+
+Read-only: a corrupt checkpoint is reported, never moved aside (that is the agent's job).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from agent.checkpoint import CheckpointCorruptError, ClaimRecord, decode
+from agent.config import common_options, pop_config
+
+
+def load_records(path: Path) -> list[ClaimRecord]:
+    """The records of the checkpoint at ``path``, sorted by namespace/name; [] if absent."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    data = decode(raw, str(path))
+    return sorted(data.claims.values(), key=lambda r: (r.namespace, r.name, r.uid))
+
+
+def render_table(records: list[ClaimRecord]) -> str:
+    header = ("NAMESPACE", "NAME", "UID", "STATE", "DEVICES", "UPDATED")
+    rows = [header] + [
+        (
+            r.namespace or "-",
+            r.name or "-",
+            r.uid,
+            r.state.value + (" (recovered)" if r.recovered else ""),
+            ",".join(d.device for d in r.devices) or "-",
+            r.updated or "-",
+        )
+        for r in records
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+@click.command()
+@click.option(
+    "-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
+    show_default=True,
+)
+@common_options
+def command(output: str, **kwargs: Any) -> None:
+    """Show the claims prepared on this node (from the plugin's checkpoint)."""
+    cfg = pop_config(kwargs)
+    path = cfg.checkpoint_path
+    try:
+        records = load_records(path)
+    except CheckpointCorruptError as err:
+        raise click.ClickException(f"{err}; the agent sets it aside on its next start") from err
+    except OSError as err:
+        raise click.ClickException(f"cannot read {path}: {err.strerror or err}") from err
+    if output == "table":
+        click.echo(render_table(records) if records else f"no prepared claims ({path})")
+        return
+    docs = [r.to_json() for r in records]
+    if output == "json":
+        click.echo(json.dumps(docs, indent=2, sort_keys=True))
+    else:
+        import yaml
+
+        click.echo(yaml.safe_dump(docs, sort_keys=True), nl=False)

@@ -1,0 +1,49 @@
+"""``dra-agent claims`` renders the checkpoint the plugin wrote."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from agent.cli import main
+from tests.plugin.conftest import DRIVER, Node, make_claim
+
+
+def run(node: Node, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(
+        main, ["claims", "--kubelet-dir", str(node.options.kubelet_dir),
+               "--driver-name", DRIVER, *args])
+    return result.exit_code, result.output
+
+
+def test_claims_table_json_and_yaml(node: Node) -> None:
+    claim = node.book.put(make_claim("train", ["gpu-0", "gpu-1"], namespace="ml"))
+    uid = claim["metadata"]["uid"]
+    node.prepare(claim)
+    code, out = run(node)
+    assert code == 0
+    header, row = out.strip().splitlines()
+    assert header.split()[:5] == ["NAMESPACE", "NAME", "UID", "STATE", "DEVICES"]
+    assert row.split()[:5] == ["ml", "train", uid, "PrepareCompleted", "gpu-0,gpu-1"]
+    code, out = run(node, "-o", "json")
+    (doc,) = json.loads(out)
+    assert doc["cdiAnnotations"] == {
+        f"cdi.k8s.io/{DRIVER}_{uid}":
+            f"k8s.{DRIVER}/claim={uid}-gpu-0,k8s.{DRIVER}/claim={uid}-gpu-1"}
+    code, out = run(node, "-o", "yaml")
+    assert yaml.safe_load(out)[0]["uid"] == uid
+
+
+def test_claims_without_checkpoint(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["claims", "--kubelet-dir", str(tmp_path)])
+    assert result.exit_code == 0 and "no prepared claims" in result.output
+
+
+def test_claims_with_corrupt_checkpoint_is_an_error_and_moves_nothing(node: Node) -> None:
+    node.checkpoint.write_bytes(b"{oops")
+    code, out = run(node)
+    assert code == 1 and "corrupt" in out
+    assert node.checkpoint.read_bytes() == b"{oops"
