@@ -14,6 +14,8 @@ import click
 #: command name -> "module:attribute" of its click command.
 COMMANDS: dict[str, str] = {
     "version": "agent.commands.version:command",
+    "claims": "agent.commands.claims:command",
+    "discover": "agent.commands.discover:command",
 }
 
 
