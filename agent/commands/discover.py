@@ -1,0 +1,114 @@
+"""``dra-agent discover``: what this node would publish, before anything is published.
+
+Default output is a table; ``-o json|yaml`` prints the ResourceSlice objects the controller
+would create (resource.k8s.io/v1), ``--topology`` a NUMA -> PCIe root -> switch tree.
+Warnings about unavailable sources go to stderr and keep exit code 0; the exit code is 1
+only when nothing at all could be read.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from agent.config import Config, common_options, pop_config
+
+if TYPE_CHECKING:
+    from discovery.model import DriverResources, Inventory
+
+API_VERSION = "resource.k8s.io/v1"
+
+
+def slice_objects(
+    resources: DriverResources, driver: str, node_name: str
+) -> list[dict[str, Any]]:
+    """ResourceSlice dicts as the controller would create them for a node-local pool.
+
+    Names follow the 1.36 controller: ``generateName`` is
+    ``<slice index, zero-padded lower hex, width >= 5>-<driver>-<node>-``; the API server
+    appends the random suffix, so no ``name`` exists yet.
+    """
+    out: list[dict[str, Any]] = []
+    for pool_name, pool in sorted(resources.pools.items()):
+        count = len(pool.slices)
+        width = max(5, len(f"{max(count - 1, 0):x}"))
+        for index, piece in enumerate(pool.slices):
+            spec: dict[str, Any] = {
+                "driver": driver,
+                "pool": {
+                    "name": pool_name,
+                    "generation": pool.generation,
+                    "resourceSliceCount": count,
+                },
+                "nodeName": node_name,
+                "devices": [dict(d) for d in piece.devices],
+            }
+            out.append({
+                "apiVersion": API_VERSION,
+                "kind": "ResourceSlice",
+                "metadata": {"generateName": f"{index:0{width}x}-{driver}-{node_name}-"},
+                "spec": spec,
+            })
+    return out
+
+
+def run_discovery(cfg: Config, workdir: Path | None = None) -> Inventory:
+    """Discover with the configured sources; returns the Inventory."""
+    from discovery.host import host_sources
+    from discovery.scan import DiscoveryOptions, discover
+    from discovery.simulate import simulated_sources
+
+    options = DiscoveryOptions(device_types=cfg.device_types)
+    if cfg.simulate:
+        assert workdir is not None
+        sources = simulated_sources(cfg.simulate, workdir)
+    else:
+        sources = host_sources(sysfs_root=cfg.sysfs_root)
+    return discover(sources, options)
+
+
+@click.command()
+@click.option("-o", "--output", type=click.Choice(["table", "wide", "json", "yaml"]),
+              default="table", show_default=True)
+@click.option("--topology", is_flag=True, help="Show a NUMA -> PCIe root -> switch tree.")
+@common_options
+def command(output: str, topology: bool, **kwargs: Any) -> None:
+    """Show the devices this node would publish (nothing is published)."""
+    from agent.logs import setup_logging
+    from discovery.pools import build_resources
+    from discovery.report import table
+    from discovery.report import topology as topology_view
+    from discovery.scan import SYSFS_UNREADABLE
+    from discovery.simulate import ProfileError
+
+    cfg = pop_config(kwargs)
+    setup_logging(cfg.log_format, cfg.verbosity)
+    with tempfile.TemporaryDirectory(prefix="dra-agent-sim-") as tmp:
+        try:
+            inventory = run_discovery(cfg, Path(tmp))
+        except ProfileError as err:
+            raise click.UsageError(str(err)) from err
+    for warning in inventory.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if topology:
+        click.echo(topology_view(inventory, cfg.node_name))
+    elif output in ("json", "yaml"):
+        resources = build_resources(inventory, cfg.node_name)
+        listing = {"apiVersion": "v1", "kind": "List",
+                   "items": slice_objects(resources, cfg.driver_name, cfg.node_name)}
+        if output == "json":
+            click.echo(json.dumps(listing, indent=2))
+        else:
+            import yaml
+
+            click.echo(yaml.safe_dump(listing, sort_keys=False), nl=False)
+    else:
+        click.echo(table(inventory, wide=output == "wide"))
+    nothing = not inventory.devices and not inventory.reserved and any(
+        w.startswith(SYSFS_UNREADABLE) for w in inventory.warnings)
+    if nothing:
+        raise SystemExit(1)

@@ -1,0 +1,223 @@
+"""The seam to the GPU management library (NVML): a narrow Protocol plus its value types.
+
+Discovery, health and the simulated profiles all speak this interface, never ``pynvml``
+directly: ``discovery.nvml.NvmlLibrary`` adapts the real library, ``discovery.simulate.FakeNvml``
+stands in for it. Method names follow NVML's so a reader can look each one up; errors are our
+own types so callers never import pynvml to catch them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+#: NVML event type bits (nvmlEventType*), the ones health monitoring registers for.
+EVENT_SINGLE_BIT_ECC = 0x1
+EVENT_DOUBLE_BIT_ECC = 0x2
+EVENT_XID_CRITICAL = 0x8
+EVENT_MIG_CONFIG_CHANGE = 0x100
+#: gpuInstanceId / computeInstanceId of an event that concerns the whole GPU.
+WHOLE_GPU = 0xFFFFFFFF
+
+#: nvmlDeviceGetArchitecture values -> published name.
+ARCHITECTURES = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada",
+    9: "Hopper",
+    10: "Blackwell",
+}
+#: nvmlDeviceGetBrand values -> published name (the subset current data-centre parts report).
+BRANDS = {
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "Grid",
+    5: "GeForce",
+    6: "Titan",
+    14: "Nvidia",
+    15: "GeForceRTX",
+    16: "NvidiaRTX",
+}
+
+
+class GpuLibraryError(Exception):
+    """An NVML call failed. ``code`` is NVML's return code; ``call`` the function name."""
+
+    code = 999
+
+    def __init__(self, message: str = "", call: str = "") -> None:
+        self.call = call
+        super().__init__(f"{call}: {message}" if call else message)
+
+
+class LibraryNotFoundError(GpuLibraryError):
+    """libnvidia-ml.so.1 is not installed: a node without NVIDIA GPUs. Not an error."""
+
+    code = 12
+
+
+class DriverNotLoadedError(GpuLibraryError):
+    """The library exists but the kernel module is not loaded."""
+
+    code = 9
+
+
+class UninitializedError(GpuLibraryError):
+    code = 1
+
+
+class InvalidArgumentError(GpuLibraryError):
+    code = 2
+
+
+class NotSupportedError(GpuLibraryError):
+    code = 3
+
+
+class NotFoundError(GpuLibraryError):
+    code = 6
+
+
+class GpuTimeoutError(GpuLibraryError):
+    code = 10
+
+
+class GpuIsLostError(GpuLibraryError):
+    """The GPU fell off the bus (Xid 79) or stopped answering."""
+
+    code = 15
+
+
+#: NVML return code -> our exception type (anything else becomes GpuLibraryError).
+ERRORS_BY_CODE: dict[int, type[GpuLibraryError]] = {
+    cls.code: cls
+    for cls in (
+        LibraryNotFoundError,
+        DriverNotLoadedError,
+        UninitializedError,
+        InvalidArgumentError,
+        NotSupportedError,
+        NotFoundError,
+        GpuTimeoutError,
+        GpuIsLostError,
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MigAttributes:
+    """nvmlDeviceGetAttributes of a MIG device handle."""
+
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    gpu_instance_slices: int
+    compute_instance_slices: int
+    memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInstanceInfo:
+    """nvmlGpuInstanceGetInfo: the GI's profile id and its placement in memory slices."""
+
+    id: int
+    profile_id: int
+    placement_start: int
+    placement_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEvent:
+    """One event from an event set; ``gpu_instance``/``compute_instance`` are WHOLE_GPU for a
+    full-GPU event."""
+
+    uuid: str
+    event_type: int
+    data: int  # the Xid number for EVENT_XID_CRITICAL
+    gpu_instance: int = WHOLE_GPU
+    compute_instance: int = WHOLE_GPU
+
+
+class DeviceHandle(Protocol):
+    """Opaque per-device handle; only the library that made it knows what is inside."""
+
+
+class EventSet(Protocol):
+    """Opaque event set handle."""
+
+
+@runtime_checkable
+class GpuLibrary(Protocol):
+    """The NVML calls dra-agent makes. Every method may raise GpuLibraryError subclasses."""
+
+    def init(self) -> None: ...
+    def shutdown(self) -> None: ...
+    def driver_version(self) -> str: ...
+    def cuda_driver_version(self) -> int: ...  # e.g. 12040
+    def device_count(self) -> int: ...
+    def device_handle_by_index(self, index: int) -> DeviceHandle: ...
+    def device_name(self, handle: DeviceHandle) -> str: ...
+    def device_uuid(self, handle: DeviceHandle) -> str: ...
+    def device_minor_number(self, handle: DeviceHandle) -> int: ...
+    def device_index(self, handle: DeviceHandle) -> int: ...
+    def device_brand(self, handle: DeviceHandle) -> int: ...
+    def device_architecture(self, handle: DeviceHandle) -> int: ...
+    def device_cuda_compute_capability(self, handle: DeviceHandle) -> tuple[int, int]: ...
+    def device_memory_total(self, handle: DeviceHandle) -> int: ...  # bytes
+    def device_pci_bus_id(self, handle: DeviceHandle) -> str: ...  # NVML form 00000000:1B:00.0
+    def device_mig_mode(self, handle: DeviceHandle) -> tuple[int, int]: ...  # current, pending
+    def device_max_mig_device_count(self, handle: DeviceHandle) -> int: ...
+    def device_mig_device_handle_by_index(
+        self, handle: DeviceHandle, index: int
+    ) -> DeviceHandle: ...
+    def device_gpu_instance_id(self, mig: DeviceHandle) -> int: ...
+    def device_compute_instance_id(self, mig: DeviceHandle) -> int: ...
+    def device_mig_attributes(self, mig: DeviceHandle) -> MigAttributes: ...
+    def gpu_instance_info(self, handle: DeviceHandle, gpu_instance_id: int) -> GpuInstanceInfo: ...
+    # Events (health monitoring).
+    def device_supported_event_types(self, handle: DeviceHandle) -> int: ...
+    def event_set_create(self) -> EventSet: ...
+    def device_register_events(self, handle: DeviceHandle, mask: int, events: EventSet) -> None: ...
+    def event_set_wait(self, events: EventSet, timeout_ms: int) -> GpuEvent | None: ...
+    def event_set_free(self, events: EventSet) -> None: ...
+
+
+def nvml_bus_id_to_sysfs(bus_id: str) -> str:
+    """``00000000:1B:00.0`` (NVML) -> ``0000:1b:00.0`` (sysfs and the k8s pciBusID attribute).
+
+    Raises ValueError for anything that is not domain:bus:device.function.
+    """
+    domain, bus, rest = bus_id.strip().split(":")
+    device, function = rest.split(".")
+    return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(device, 16):02x}.{int(function, 16):x}"
+
+
+def cuda_version_string(value: int) -> str:
+    """12040 -> "12.4.0" (NVML packs major*1000 + minor*10)."""
+    return f"{value // 1000}.{(value % 1000) // 10}.0"
+
+
+def mig_profile_name(attrs: MigAttributes, parent_memory_bytes: int, me: bool = False) -> str:
+    """The MIG profile name as NVIDIA tools compute it (``1g.10gb``, ``1c.3g.40gb``).
+
+    Tools do not read the name, they derive it from the memory share: the fraction of the
+    parent's memory rounded up to eighths, times the parent's total rounded up to whole GiB.
+    """
+    gib = 1024**3
+    mem = attrs.memory_mib * 1024 * 1024
+    eighths = -(-mem * 8 // parent_memory_bytes)  # ceil without floats
+    total_gb = -(-parent_memory_bytes // gib)
+    gb = (eighths * total_gb * 2 + 8) // 16  # round half away from zero of eighths/8*total
+    name = f"{attrs.gpu_instance_slices}g.{gb}gb"
+    if attrs.compute_instance_slices < attrs.gpu_instance_slices:
+        name = f"{attrs.compute_instance_slices}c.{name}"
+    return name + ("+me" if me else "")

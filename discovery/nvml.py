@@ -1,0 +1,205 @@
+"""``NvmlLibrary``: the real GpuLibrary, a thin adapter over ``pynvml`` (nvidia-ml-py).
+
+pynvml is imported on ``init()``, not at import time, so commands that never touch GPUs
+do not pay for it. Every pynvml error is re-raised as the matching ``discovery.gpulib`` type
+(by NVML return code), so callers never import pynvml.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+from discovery.gpulib import (
+    ERRORS_BY_CODE,
+    DeviceHandle,
+    EventSet,
+    GpuEvent,
+    GpuInstanceInfo,
+    GpuLibraryError,
+    GpuTimeoutError,
+    LibraryNotFoundError,
+    MigAttributes,
+)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _translate(func: Callable[P, R]) -> Callable[P, R]:
+    """Turn pynvml.NVMLError into our error types, keeping the NVML function name."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except GpuLibraryError:
+            raise
+        except Exception as err:
+            code = getattr(err, "value", None)
+            if not isinstance(code, int) or not type(err).__name__.startswith("NVMLError"):
+                raise
+            cls = ERRORS_BY_CODE.get(code, GpuLibraryError)
+            raise cls(str(err), call=func.__name__) from err
+
+    return wrapper
+
+
+class NvmlLibrary:
+    """GpuLibrary backed by libnvidia-ml.so.1 through pynvml."""
+
+    def __init__(self, module: Any = None) -> None:
+        # ``module`` lets a test hand in a stand-in for pynvml; normally imported on init().
+        self._nvml: Any = module
+
+    @property
+    def nvml(self) -> Any:
+        if self._nvml is None:
+            raise GpuLibraryError("NVML used before init()", call="nvml")
+        return self._nvml
+
+    def init(self) -> None:
+        if self._nvml is None:
+            try:
+                import pynvml
+            except ImportError as err:  # the wheel is a hard dependency; be explicit anyway
+                raise LibraryNotFoundError("python module pynvml (nvidia-ml-py) missing") from err
+            self._nvml = pynvml
+        _translate(self.nvml.nvmlInit)()
+
+    @_translate
+    def shutdown(self) -> None:
+        self.nvml.nvmlShutdown()
+
+    @_translate
+    def driver_version(self) -> str:
+        return str(self.nvml.nvmlSystemGetDriverVersion())
+
+    @_translate
+    def cuda_driver_version(self) -> int:
+        return int(self.nvml.nvmlSystemGetCudaDriverVersion())
+
+    @_translate
+    def device_count(self) -> int:
+        return int(self.nvml.nvmlDeviceGetCount())
+
+    @_translate
+    def device_handle_by_index(self, index: int) -> DeviceHandle:
+        handle: DeviceHandle = self.nvml.nvmlDeviceGetHandleByIndex(index)
+        return handle
+
+    @_translate
+    def device_name(self, handle: DeviceHandle) -> str:
+        return str(self.nvml.nvmlDeviceGetName(handle))
+
+    @_translate
+    def device_uuid(self, handle: DeviceHandle) -> str:
+        return str(self.nvml.nvmlDeviceGetUUID(handle))
+
+    @_translate
+    def device_minor_number(self, handle: DeviceHandle) -> int:
+        return int(self.nvml.nvmlDeviceGetMinorNumber(handle))
+
+    @_translate
+    def device_index(self, handle: DeviceHandle) -> int:
+        return int(self.nvml.nvmlDeviceGetIndex(handle))
+
+    @_translate
+    def device_brand(self, handle: DeviceHandle) -> int:
+        return int(self.nvml.nvmlDeviceGetBrand(handle))
+
+    @_translate
+    def device_architecture(self, handle: DeviceHandle) -> int:
+        return int(self.nvml.nvmlDeviceGetArchitecture(handle))
+
+    @_translate
+    def device_cuda_compute_capability(self, handle: DeviceHandle) -> tuple[int, int]:
+        major, minor = self.nvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return int(major), int(minor)
+
+    @_translate
+    def device_memory_total(self, handle: DeviceHandle) -> int:
+        return int(self.nvml.nvmlDeviceGetMemoryInfo(handle).total)
+
+    @_translate
+    def device_pci_bus_id(self, handle: DeviceHandle) -> str:
+        return str(self.nvml.nvmlDeviceGetPciInfo(handle).busId)
+
+    @_translate
+    def device_mig_mode(self, handle: DeviceHandle) -> tuple[int, int]:
+        current, pending = self.nvml.nvmlDeviceGetMigMode(handle)
+        return int(current), int(pending)
+
+    @_translate
+    def device_max_mig_device_count(self, handle: DeviceHandle) -> int:
+        return int(self.nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
+
+    @_translate
+    def device_mig_device_handle_by_index(self, handle: DeviceHandle, index: int) -> DeviceHandle:
+        mig: DeviceHandle = self.nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+        return mig
+
+    @_translate
+    def device_gpu_instance_id(self, mig: DeviceHandle) -> int:
+        return int(self.nvml.nvmlDeviceGetGpuInstanceId(mig))
+
+    @_translate
+    def device_compute_instance_id(self, mig: DeviceHandle) -> int:
+        return int(self.nvml.nvmlDeviceGetComputeInstanceId(mig))
+
+    @_translate
+    def device_mig_attributes(self, mig: DeviceHandle) -> MigAttributes:
+        a = self.nvml.nvmlDeviceGetAttributes(mig)
+        return MigAttributes(
+            multiprocessors=int(a.multiprocessorCount),
+            copy_engines=int(a.sharedCopyEngineCount),
+            decoders=int(a.sharedDecoderCount),
+            encoders=int(a.sharedEncoderCount),
+            jpeg_engines=int(a.sharedJpegCount),
+            ofa_engines=int(a.sharedOfaCount),
+            gpu_instance_slices=int(a.gpuInstanceSliceCount),
+            compute_instance_slices=int(a.computeInstanceSliceCount),
+            memory_mib=int(a.memorySizeMB),
+        )
+
+    @_translate
+    def gpu_instance_info(self, handle: DeviceHandle, gpu_instance_id: int) -> GpuInstanceInfo:
+        gi = self.nvml.nvmlDeviceGetGpuInstanceById(handle, gpu_instance_id)
+        info = self.nvml.nvmlGpuInstanceGetInfo(gi)
+        return GpuInstanceInfo(
+            id=int(info.id),
+            profile_id=int(info.profileId),
+            placement_start=int(info.placement.start),
+            placement_size=int(info.placement.size),
+        )
+
+    @_translate
+    def device_supported_event_types(self, handle: DeviceHandle) -> int:
+        return int(self.nvml.nvmlDeviceGetSupportedEventTypes(handle))
+
+    @_translate
+    def event_set_create(self) -> EventSet:
+        events: EventSet = self.nvml.nvmlEventSetCreate()
+        return events
+
+    @_translate
+    def device_register_events(self, handle: DeviceHandle, mask: int, events: EventSet) -> None:
+        self.nvml.nvmlDeviceRegisterEvents(handle, mask, events)
+
+    def event_set_wait(self, events: EventSet, timeout_ms: int) -> GpuEvent | None:
+        try:
+            data = _translate(self.nvml.nvmlEventSetWait_v2)(events, timeout_ms)
+        except GpuTimeoutError:
+            return None
+        return GpuEvent(
+            uuid=self.device_uuid(data.device),
+            event_type=int(data.eventType),
+            data=int(data.eventData),
+            gpu_instance=int(data.gpuInstanceId),
+            compute_instance=int(data.computeInstanceId),
+        )
+
+    @_translate
+    def event_set_free(self, events: EventSet) -> None:
+        self.nvml.nvmlEventSetFree(events)
