@@ -1,0 +1,389 @@
+"""The scheduler's structured-parameters search for one claim on one node, with reasons.
+
+Same order as upstream (k8s.io/dynamic-resource-allocation/structured): requests in claim order,
+``firstAvailable`` alternatives in order, devices in pool order (driver, pool name), slice name,
+then position in the slice; depth-first with backtracking; the first complete solution wins.
+Within one request only combinations are tried (never permutations), so the devices of a
+request come out in search order. Differences: counters taken for a device that is then refused
+(taint, constraint) are given back, and distinctAttribute compares with every chosen device.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from agent.explain.cel_env import CelEnv, CompiledSelector
+from agent.explain.cel_lib import SelectorRuntimeError
+from agent.explain.constraints import Tracker
+from agent.explain.model import (
+    MAX_RESULTS,
+    Capacity,
+    Claim,
+    Device,
+    DeviceClass,
+    DeviceID,
+    Request,
+)
+from agent.explain.pools import AllocatedState, Node, PoolView, available_counters, node_matches
+from agent.explain.reasons import (
+    ALLOCATED,
+    CAPACITY,
+    COUNTERS,
+    IN_CLAIM,
+    NODE,
+    SELECTOR,
+    SELECTOR_ERROR,
+    TAINT,
+    Reason,
+)
+from agent.explain.values import format_quantity
+
+
+class TooManyDevicesError(Exception):
+    """More than 32 results would be needed: prune like upstream, try fewer-device options."""
+
+
+class SearchAbortedError(Exception):
+    """The scheduler would stop with an error (runtime CEL error, constraint vs. All mode)."""
+
+    def __init__(self, message: str, key: tuple[int, int] | None = None,
+                 device: DeviceID | None = None, reason: Reason | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.device = device
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class Entry:
+    """A device of a usable pool, at its place in search order."""
+
+    index: int
+    device: Device
+    pool: PoolView
+    slice_node_name: str
+    slice_node_selector: Any
+    per_device: bool
+
+
+@dataclass(slots=True)
+class ReqData:
+    key: tuple[int, int]  # (request index, alternative index)
+    req: Request
+    cls: DeviceClass
+    class_selectors: list[CompiledSelector]
+    selectors: list[CompiledSelector]
+    num: int = 0
+    all_devices: list[Entry] | None = None
+
+
+@dataclass(slots=True)
+class Result:
+    req: Request
+    entry: Entry
+    share_id: str | None = None
+    consumed: dict[str, Fraction] | None = None
+
+
+def consumed_capacity(req: Request, cap: Capacity, name: str) -> Fraction:
+    """What one allocation takes of one capacity: the request rounded up by the policy."""
+    asked = (req.capacity or {}).get(name)
+    if asked is None:
+        return cap.default if cap.default is not None else cap.value
+    if not cap.has_policy:
+        return asked
+    if cap.range_min is not None:
+        if asked < cap.range_min:
+            return cap.range_min
+        if cap.range_step is None:
+            return asked
+        steps = -((cap.range_min - asked) // cap.range_step)  # ceil
+        return cap.range_min + cap.range_step * steps
+    for v in cap.valid_values:
+        if asked <= v:
+            return v
+    return asked
+
+
+def _violates(value: Fraction, cap: Capacity) -> bool:
+    if not cap.has_policy or (cap.default is not None and value == cap.default):
+        return False
+    if cap.range_min is not None:
+        if cap.range_max is not None and value > cap.range_max:
+            return True
+        step = cap.range_step
+        return step is not None and (value - cap.range_min) % step != 0
+    if cap.valid_values:
+        return value not in cap.valid_values
+    return False
+
+
+def capacity_check(req: Request, device: Device, used: dict[str, Fraction] | None,
+                   allocating: dict[str, Fraction] | None) -> Reason | None:
+    """CmpRequestOverCapacity: None when the request fits in what is left of every capacity."""
+    for name in req.capacity or {}:
+        if name not in device.capacity:
+            return Reason(CAPACITY, f"requests capacity {name}, which the device does not have",
+                          {"capacity": name})
+    for name, cap in device.capacity.items():
+        want = consumed_capacity(req, cap, name)
+        if _violates(want, cap):
+            return Reason(CAPACITY, f"{name}: {format_quantity(want)} is not allowed by the "
+                          "device's requestPolicy", {"capacity": name})
+        taken = (used or {}).get(name, Fraction(0)) + (allocating or {}).get(name, Fraction(0))
+        if taken + want > cap.value:
+            left = cap.value - taken
+            return Reason(CAPACITY, f"{name}: needs {format_quantity(want)}, "
+                          f"{format_quantity(left)} of {cap.raw} left",
+                          {"capacity": name, "needed": format_quantity(want),
+                           "left": format_quantity(left)})
+    return None
+
+
+def taint_reason(req: Request, device: Device) -> Reason | None:
+    for t in device.taints:
+        if t.effect not in ("NoSchedule", "NoExecute"):
+            continue  # None and unknown effects never block
+        if not any(tol.tolerates(t) for tol in req.tolerations):
+            shown = f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}"
+            return Reason(TAINT, f"taint {shown} not tolerated",
+                          {"key": t.key, "value": t.value, "effect": t.effect})
+    return None
+
+
+@dataclass
+class Search:
+    """One Allocate call for one claim; ``run()`` returns whether a solution was found."""
+
+    claim: Claim
+    node: Node
+    pools: list[PoolView]
+    entries: list[Entry]
+    data: dict[tuple[int, int], ReqData]
+    state: AllocatedState
+    env: CelEnv
+    trackers: list[Tracker]
+    results: list[Result] = field(default_factory=list)
+    selected: dict[int, int] = field(default_factory=dict)  # request -> chosen alternative
+    allocating: dict[DeviceID, str] = field(default_factory=dict)  # device -> request name
+    allocating_capacity: dict[DeviceID, dict[str, Fraction]] = field(default_factory=dict)
+    consumed_counters: dict[str, dict[str, dict[str, Fraction]]] = field(default_factory=dict)
+    available: dict[str, dict[str, dict[str, Fraction]]] = field(default_factory=dict)
+    dynamic: dict[tuple[int, int], dict[DeviceID, Reason]] = field(default_factory=dict)
+    steps: int = 0
+    share_ids: Callable[[], str] = field(default=lambda: str(uuid.uuid4()))
+
+    # --- checks shared with the report ----------------------------------------------------
+
+    def selectable(self, rd: ReqData, entry: Entry) -> Reason | None:
+        """Class selectors, then request selectors, then per-device node selection."""
+        device = entry.device
+        for cs in rd.class_selectors + rd.selectors:
+            try:
+                ok = self.env.matches(cs, device)
+            except SelectorRuntimeError as err:
+                raise SearchAbortedError(str(err), rd.key, device.id, Reason(
+                    SELECTOR_ERROR, f"{cs.selector.owner} selector #{cs.selector.index}: "
+                    f"{err.cause}", {"expression": cs.selector.expression})) from None
+            if not ok:
+                part = self.env.failing_part(cs, device)
+                return Reason(SELECTOR, f"{cs.selector.owner} selector #{cs.selector.index} is "
+                              f"false: {part}",
+                              {"owner": cs.selector.owner, "index": cs.selector.index,
+                               "expression": cs.selector.expression, "failing": part})
+        if entry.per_device and not node_matches(
+                self.node, device.node_name, device.all_nodes, device.node_selector):
+            return Reason(NODE, f"not available on node {self.node.name}")
+        return None
+
+    def in_use(self, rd: ReqData, did: DeviceID, allow_multiple: bool) -> Reason | None:
+        if rd.req.admin_access:
+            if not allow_multiple and did in self.allocating:
+                return Reason(IN_CLAIM, f"already chosen for request {self.allocating[did]}",
+                              {"request": self.allocating[did]})
+            return None
+        holder = self.state.devices.get(did)
+        if holder is not None:
+            return Reason(ALLOCATED, f"allocated to claim {holder}", {"claim": holder})
+        if did in self.allocating:
+            return Reason(IN_CLAIM, f"already chosen for request {self.allocating[did]}",
+                          {"request": self.allocating[did]})
+        return None
+
+    def capacity(self, rd: ReqData, device: Device) -> Reason | None:
+        return capacity_check(rd.req, device, self.state.capacity.get(device.id),
+                              self.allocating_capacity.get(device.id))
+
+    def counters(self, entry: Entry, commit: bool) -> Reason | None:
+        """Whether the device's counters still fit; with ``commit`` they are taken."""
+        pool = entry.pool
+        avail = self.available.get(pool.id)
+        if avail is None:
+            avail = self.available[pool.id] = available_counters(pool, self.state)
+        used = self.consumed_counters.setdefault(pool.id, {})
+        for set_name, counters in entry.device.consumes:
+            for cname, value in counters.items():
+                have = avail.get(set_name, {}).get(cname, Fraction(0))
+                taken = used.get(set_name, {}).get(cname, Fraction(0))
+                if taken + value > have:
+                    left = max(have - taken, Fraction(0))
+                    return Reason(COUNTERS, f"counter {set_name}/{cname}: needs "
+                                  f"{format_quantity(value)}, {format_quantity(left)} left",
+                                  {"counterSet": set_name, "counter": cname,
+                                   "needed": format_quantity(value),
+                                   "left": format_quantity(left)})
+        if commit:
+            self._add_counters(entry, 1)
+        return None
+
+    def _add_counters(self, entry: Entry, sign: int) -> None:
+        used = self.consumed_counters.setdefault(entry.pool.id, {})
+        for set_name, counters in entry.device.consumes:
+            cset = used.setdefault(set_name, {})
+            for cname, value in counters.items():
+                cset[cname] = cset.get(cname, Fraction(0)) + sign * value
+
+    # --- the search -----------------------------------------------------------------------
+
+    def _note(self, rd: ReqData, did: DeviceID, reason: Reason) -> None:
+        self.dynamic.setdefault(rd.key, {}).setdefault(did, reason)
+
+    def allocate_device(self, rd: ReqData, entry: Entry, must: bool) -> Callable[[], None] | None:
+        """Take the device for the request, or None (reason noted). Returns the undo."""
+        req, device = rd.req, entry.device
+        did = device.id
+        multi = device.allow_multiple
+        reason = self.in_use(rd, did, multi)
+        if reason is not None:
+            self._note(rd, did, reason)
+            return None
+        took_counters = False
+        if device.consumes and not (multi and self._capacity_in_use(did)):
+            reason = self.counters(entry, commit=True)
+            if reason is not None:
+                self._note(rd, did, reason)
+                return None
+            took_counters = True
+        reason = taint_reason(req, device)
+        added: list[Tracker] = []
+        if reason is None:
+            for t in self.trackers:
+                reason = t.check(req.base, req.sub, device)
+                if reason is not None:
+                    if must:
+                        raise SearchAbortedError(
+                            f"request {req.name}: cannot add device {device.name} because a "
+                            f"claim constraint would not be satisfied ({reason.message})",
+                            rd.key, did, reason)
+                    break
+                t.add(req.base, req.sub, device)
+                added.append(t)
+        if reason is None:
+            reason = self.capacity(rd, device)
+        if reason is not None:
+            for t in added:
+                t.remove(req.base, req.sub, device)
+            if took_counters:
+                self._add_counters(entry, -1)
+            self._note(rd, did, reason)
+            return None
+        if not multi:
+            self.allocating[did] = req.name
+        result = Result(req, entry)
+        if multi:
+            result.consumed = {n: consumed_capacity(req, c, n) for n, c in device.capacity.items()}
+            result.share_id = self.share_ids()
+            agg = self.allocating_capacity.setdefault(did, {})
+            for n, v in result.consumed.items():
+                agg[n] = agg.get(n, Fraction(0)) + v
+        self.results.append(result)
+        size = len(self.results)
+
+        def undo() -> None:
+            for t in added:
+                t.remove(req.base, req.sub, device)
+            if not multi:
+                self.allocating.pop(did, None)
+            if result.consumed:
+                agg = self.allocating_capacity[did]
+                for n, v in result.consumed.items():
+                    agg[n] -= v
+                if all(v == 0 for v in agg.values()):
+                    del self.allocating_capacity[did]
+            if took_counters:
+                self._add_counters(entry, -1)
+            del self.results[size - 1:]
+
+        return undo
+
+    def _capacity_in_use(self, did: DeviceID) -> bool:
+        return did in self.state.capacity or did in self.allocating_capacity
+
+    def run(self) -> bool:
+        try:
+            return self._one(0, 0, 0, False, 0)
+        except TooManyDevicesError:
+            return False
+
+    def _one(self, ri: int, si: int, di: int, in_sub: bool, start: int) -> bool:
+        self.steps += 1
+        if ri >= len(self.claim.requests):
+            return True
+        creq = self.claim.requests[ri]
+        if not in_sub and creq.prioritized:
+            all_too_many = True
+            for j in range(len(creq.alternatives)):
+                try:
+                    ok = self._one(ri, j, 0, True, 0)
+                except TooManyDevicesError:
+                    continue
+                all_too_many = False
+                if ok:
+                    self.selected[ri] = j
+                    return True
+            if all_too_many:
+                raise TooManyDevicesError()
+            return False
+        rd = self.data[(ri, si)]
+        if rd.all_devices is not None and not rd.all_devices:
+            return False
+        if di >= rd.num:
+            return self._one(ri + 1, 0, 0, False, 0)
+        if len(self.results) + rd.num - di > MAX_RESULTS:
+            raise TooManyDevicesError()
+        if rd.all_devices is not None:
+            undo = self.allocate_device(rd, rd.all_devices[di], must=True)
+            if undo is None:
+                return False
+            try:
+                if self._one(ri, si, di + 1, in_sub, 0):
+                    return True
+            except BaseException:
+                undo()
+                raise
+            undo()
+            return False
+        for entry in self.entries[start:]:
+            did = entry.device.id
+            # "In use" is cheap, so upstream checks it before the selectors.
+            if did in self.allocating or (not rd.req.admin_access and did in self.state.devices):
+                continue
+            if self.selectable(rd, entry) is not None:
+                continue
+            if self.capacity(rd, entry.device) is not None:
+                continue
+            undo = self.allocate_device(rd, entry, must=False)
+            if undo is None:
+                continue
+            try:
+                if self._one(ri, si, di + 1, in_sub, entry.index + 1):
+                    return True
+            except BaseException:
+                undo()
+                raise
+            undo()
+        return False

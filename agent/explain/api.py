@@ -1,0 +1,314 @@
+"""``explain()``: would this claim fit on this node, which devices, and why (not)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from agent.explain.allocator import (
+    Entry,
+    ReqData,
+    Search,
+    SearchAbortedError,
+    capacity_check,
+    taint_reason,
+)
+from agent.explain.cel_env import CelEnv
+from agent.explain.constraints import Tracker
+from agent.explain.docs import Doc, InputError, from_object
+from agent.explain.model import (
+    ALL,
+    MAX_RESULTS,
+    AllocatedDevice,
+    Claim,
+    DeviceClass,
+    parse_allocated,
+    parse_claim,
+    parse_class,
+    parse_slice,
+)
+from agent.explain.pools import AllocatedState, Node, PoolView, gather_pools
+from agent.explain.reasons import ALLOCATED, SELECTOR_ERROR, DeviceVerdict, Reason, RequestReport
+from agent.explain.result import ExplainResult, PoolReport
+from agent.explain.suggest import suggest
+from agent.explain.values import format_quantity
+
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+
+
+def _doc(obj: Mapping[str, Any] | Doc, what: str) -> Doc:
+    return obj if isinstance(obj, Doc) else from_object(obj, what)
+
+
+def _entries(pools: Sequence[PoolView]) -> list[Entry]:
+    out: list[Entry] = []
+    for pool in pools:
+        if not pool.usable:
+            continue
+        for s in pool.slices:
+            for d in s.devices:
+                out.append(Entry(len(out), d, pool, s.node_name, s.node_selector, s.per_device))
+    return out
+
+
+def _location(entry: Entry) -> str:
+    found = entry.device.attribute(PCIE_ROOT)
+    return str(found[1]) if found else ""
+
+
+def _request_data(claim: Claim, classes: Mapping[str, DeviceClass], env: CelEnv
+                  ) -> dict[tuple[int, int], ReqData]:
+    data = {}
+    for ri, creq in enumerate(claim.requests):
+        for si, req in enumerate(creq.alternatives):
+            cls = classes.get(req.device_class)
+            if cls is None:
+                known = ", ".join(sorted(classes)) or "none given"
+                raise InputError(req.where, f"request {req.name}: DeviceClass "
+                                 f"{req.device_class!r} not found (known: {known}; add --class)")
+            data[(ri, si)] = ReqData(
+                (ri, si), req, cls, [env.compile(s) for s in cls.selectors],
+                [env.compile(s) for s in req.selectors], num=req.count)
+    return data
+
+
+def explain(
+    claim: Mapping[str, Any] | Doc,
+    classes: Sequence[Mapping[str, Any] | Doc],
+    slices: Sequence[Mapping[str, Any] | Doc],
+    node_name: str,
+    allocated: Sequence[Mapping[str, Any] | Doc] = (),
+    *,
+    node_labels: Mapping[str, str] | None = None,
+    share_ids: Callable[[], str] | None = None,
+) -> ExplainResult:
+    """Replay the scheduler's Filter decision for one claim on one node.
+
+    ``allocated`` are other ResourceClaims (only their ``status.allocation`` matters); the claim
+    itself is skipped if it is among them. Raises InputError for input the API server or the
+    scheduler would reject (unknown fields, CEL that does not compile, unknown classes).
+    """
+    t0 = time.perf_counter()
+    c = parse_claim(_doc(claim, "claim"))
+    class_map = {k.name: k for k in (parse_class(_doc(x, "class")) for x in classes)}
+    parsed_slices = [parse_slice(_doc(s, "slice")) for s in slices]
+    held: list[AllocatedDevice] = []
+    for a in allocated:
+        doc = _doc(a, "allocated claim")
+        meta = doc.obj.get("metadata") or {}
+        same_uid = c.uid and meta.get("uid") == c.uid
+        same_name = (meta.get("namespace") or "default", meta.get("name")) == (c.namespace,
+                                                                               c.name)
+        if not (same_uid or same_name):
+            held.extend(parse_allocated(doc))
+    state = AllocatedState.build(held)
+    node = Node(node_name, dict(node_labels or {"kubernetes.io/hostname": node_name}))
+    pools = gather_pools(parsed_slices, node)
+    entries = _entries(pools)
+    env = CelEnv()
+    data = _request_data(c, class_map, env)
+    search = Search(c, node, pools, entries, data, state, env,
+                    [Tracker(k) for k in c.constraints])
+    if share_ids is not None:
+        search.share_ids = share_ids
+
+    error: str | None = None
+    fits = False
+    try:
+        _prepare_all_mode(search)
+        min_devices = sum(min(data[(ri, si)].num for si in range(len(r.alternatives)))
+                          for ri, r in enumerate(c.requests))
+        if min_devices > MAX_RESULTS:
+            error = (f"the claim asks for {min_devices} devices; one allocation holds at most "
+                     f"{MAX_RESULTS}")
+        else:
+            fits = search.run()
+    except SearchAbortedError as err:
+        error = str(err)
+        if err.key is not None and err.device is not None and err.reason is not None:
+            search.dynamic.setdefault(err.key, {})[err.device] = err.reason
+    t_search = time.perf_counter()
+
+    reports = _reports(search, fits)
+    allocation = _allocation(search, class_map) if fits else None
+    pool_reports = tuple(
+        PoolReport(p.driver, p.name, p.generation, sum(len(s.devices) for s in p.slices),
+                   "incomplete" if p.incomplete else ("invalid" if p.invalid else "ok"),
+                   f"{p.seen_slices} of {p.expected_slices} slices at generation "
+                   f"{p.generation}" if p.incomplete else p.invalid)
+        for p in pools)
+    if not fits and error is None and any(p.invalid for p in pools):
+        error = "invalid resource pools were encountered"
+    suggestion = None if fits else suggest(c, reports, pool_reports, search, error)
+    t_end = time.perf_counter()
+    stats = {
+        "devices": float(len(entries)),
+        "searchSteps": float(search.steps),
+        "celCompiled": float(env.stats.compiled),
+        "celCompileMs": env.stats.compile_seconds * 1e3,
+        "celEvaluations": float(env.stats.evaluations),
+        "celEvalMs": env.stats.eval_seconds * 1e3,
+        "celConvertMs": env.stats.convert_seconds * 1e3,
+        "searchMs": (t_search - t0) * 1e3,
+        "totalMs": (t_end - t0) * 1e3,
+    }
+    return ExplainResult(fits, f"{c.namespace}/{c.name}", node_name, allocation,
+                         tuple(reports), pool_reports, suggestion, error, stats)
+
+
+def _prepare_all_mode(search: Search) -> None:
+    """``All`` requests: every matching device of every pool, so all pools must be complete."""
+    for rd in search.data.values():
+        if rd.req.mode != ALL:
+            continue
+        for pool in search.pools:
+            if pool.incomplete:
+                raise SearchAbortedError(f"request {rd.req.name}: asks for all devices, but "
+                                         f"resource pool {pool.id} is currently being updated")
+            if pool.invalid:
+                raise SearchAbortedError(f"request {rd.req.name}: asks for all devices, but "
+                                         f"resource pool {pool.id} is currently invalid")
+        rd.all_devices = [e for e in search.entries
+                          if search.selectable(rd, e) is None
+                          and capacity_check(rd.req, e.device, search.state.capacity.get(
+                              e.device.id), None) is None]
+        rd.num = len(rd.all_devices)
+
+
+def _static_reason(search: Search, rd: ReqData, entry: Entry) -> Reason | None:
+    try:
+        reason = search.selectable(rd, entry)
+    except SearchAbortedError as err:
+        return err.reason
+    if reason is not None:
+        return reason
+    device = entry.device
+    holder = search.state.devices.get(device.id)
+    if holder is not None and not rd.req.admin_access:
+        return Reason(ALLOCATED, f"allocated to claim {holder}", {"claim": holder})
+    reason = capacity_check(rd.req, device, search.state.capacity.get(device.id), None)
+    if reason is None and device.consumes:
+        saved = search.consumed_counters
+        search.consumed_counters = {}
+        try:
+            reason = search.counters(entry, commit=False)
+        finally:
+            search.consumed_counters = saved
+    return reason or taint_reason(rd.req, device)
+
+
+def _final_reason(search: Search, rd: ReqData, entry: Entry) -> Reason | None:
+    """Against the solution found (not some state the search backtracked from)."""
+    reason = search.in_use(rd, entry.device.id, entry.device.allow_multiple)
+    if reason is None and entry.device.consumes:
+        reason = search.counters(entry, commit=False)
+    for t in search.trackers:
+        if reason is None:
+            reason = t.check(rd.req.base, rd.req.sub, entry.device)
+    return reason
+
+
+def _reports(search: Search, fits: bool) -> list[RequestReport]:
+    chosen: dict[tuple[int, int], list[str]] = {}
+    chosen_ids: dict[tuple[int, int], set[tuple[str, str, str]]] = {}
+    for r in search.results:
+        ri = next(i for i, cr in enumerate(search.claim.requests) if cr.name == r.req.base)
+        si = search.claim.requests[ri].alternatives.index(r.req)
+        chosen.setdefault((ri, si), []).append(r.entry.device.name)
+        chosen_ids.setdefault((ri, si), set()).add(r.entry.device.id)
+    verdicts: dict[tuple[int, int], list[DeviceVerdict]] = {k: [] for k in search.data}
+    for entry in search.entries:  # device-major: one CEL binding per device
+        d = entry.device
+        for key, rd in search.data.items():
+            reason = _static_reason(search, rd, entry)
+            picked = d.id in chosen_ids.get(key, set())
+            if reason is None and not picked:
+                reason = (_final_reason(search, rd, entry) if fits
+                          else search.dynamic.get(key, {}).get(d.id))
+            verdicts[key].append(DeviceVerdict(d.driver, d.pool, d.name, picked,
+                                               None if picked else reason, _location(entry)))
+    out = []
+    for (ri, si), rd in search.data.items():
+        if fits:
+            sel = search.selected.get(ri, 0)
+            status = "allocated" if si == sel else ("skipped" if si > sel else "unsatisfied")
+        else:
+            status = "unsatisfied"
+        if any(v.reason and v.reason.code == SELECTOR_ERROR for v in verdicts[(ri, si)]):
+            status = "error"
+        out.append(RequestReport(rd.req.name, rd.req.device_class, rd.req.mode, rd.num,
+                                 tuple(chosen.get((ri, si), [])), tuple(verdicts[(ri, si)]),
+                                 status))
+    return out
+
+
+def _allocation(search: Search, classes: Mapping[str, DeviceClass]) -> dict[str, Any]:
+    results = []
+    for r in search.results:
+        d = r.entry.device
+        item: dict[str, Any] = {"request": r.req.name, "driver": d.driver, "pool": d.pool,
+                                "device": d.name}
+        if r.req.admin_access:
+            item["adminAccess"] = True
+        if r.req.tolerations_raw:
+            item["tolerations"] = [dict(t) for t in r.req.tolerations_raw]
+        if d.binding_conditions:
+            item["bindingConditions"] = list(d.binding_conditions)
+            item["bindingFailureConditions"] = list(d.binding_failure_conditions)
+        if r.share_id:
+            item["shareID"] = r.share_id
+        if r.consumed:
+            item["consumedCapacity"] = {k: format_quantity(v) for k, v in r.consumed.items()}
+        results.append(item)
+    out: dict[str, Any] = {"devices": {"results": results}}
+    config = _config(search, classes)
+    if config:
+        out["devices"]["config"] = config
+    selector = _node_selector(search)
+    if selector is not None:
+        out["nodeSelector"] = selector
+    return out
+
+
+def _config(search: Search, classes: Mapping[str, DeviceClass]) -> list[dict[str, Any]]:
+    claim = search.claim
+    chosen = [creq.alternatives[search.selected.get(ri, 0)]
+              for ri, creq in enumerate(claim.requests)]
+    config: list[dict[str, Any]] = []
+    by_class: dict[str, list[dict[str, Any]]] = {}
+    for req in chosen:
+        if req.device_class in by_class:
+            for entry in by_class[req.device_class]:
+                entry["requests"].append(req.name)
+            continue
+        entries = [{"source": "FromClass", "requests": [req.name], "opaque": dict(o)}
+                   for o in classes[req.device_class].config]
+        by_class[req.device_class] = entries
+        config.extend(entries)
+    for refs, opaque in claim.config:
+        if not refs or any(req.base in refs or req.name in refs for req in chosen):
+            config.append({"source": "FromClaim", "requests": list(refs), "opaque": dict(opaque)})
+    for entry in config:
+        refs = entry["requests"]
+        if not refs or all(req.base in refs or req.name in refs for req in chosen):
+            entry.pop("requests")  # empty means "all requests"
+    return config
+
+
+def _node_selector(search: Search) -> dict[str, Any] | None:
+    term: dict[str, list[Any]] = {"matchFields": [], "matchExpressions": []}
+    for r in search.results:
+        e = r.entry
+        name = e.device.node_name if e.per_device else e.slice_node_name
+        selector = e.device.node_selector if e.per_device else e.slice_node_selector
+        if name or e.device.binds_to_node:
+            return {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [search.node.name]}]}]}
+        for t in (selector or {}).get("nodeSelectorTerms", [])[:1]:
+            for kind in ("matchFields", "matchExpressions"):
+                for req in t.get(kind) or []:
+                    if req not in term[kind]:
+                        term[kind].append(req)
+    clean = {k: v for k, v in term.items() if v}
+    return {"nodeSelectorTerms": [clean]} if clean else None

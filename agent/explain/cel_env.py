@@ -1,0 +1,283 @@
+"""The DRA CEL environment for device selectors, on the cel-rust engine.
+
+An expression sees one variable, ``device``, with ``driver``, ``allowMultipleAllocations``,
+``attributes[domain][name]`` and ``capacity[domain][name]``. Unqualified attribute names belong to
+the driver's domain; a domain the device lacks is an empty map (cel-rust has no map-with-default,
+so domains the expressions name as literals are seeded). When every expression reads attributes
+only as ``device.attributes["domain"].name`` the device is converted with just those entries,
+which is most of the evaluation cost.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.explain.cel_lib import QTAG, VTAG, SelectorRuntimeError, k8s_functions, load_cel
+from agent.explain.docs import InputError
+from agent.explain.model import Device, DeviceID, Selector, device_id_str
+from agent.explain.values import parse_semver
+
+#: Functions of CEL itself and of the libraries Kubernetes adds that selectors may call.
+_BUILTINS = frozenset({
+    "size", "matches", "startsWith", "endsWith", "contains", "int", "uint", "double", "string",
+    "bytes", "bool", "duration", "timestamp", "dyn", "type", "has", "all", "exists",
+    "exists_one", "map", "filter",
+})
+_EXTRAS = ("core", "strings", "math", "sets", "lists")
+_MACRO_VAR = r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*{name}\s*,"
+_REF = re.compile(
+    r"""device\s*\.\s*(attributes|capacity)\s*\[\s*(?:"([^"\\]*)"|'([^'\\]*)')\s*\]\s*"""
+    r"""(?:\.\s*([A-Za-z_]\w*)\b(?!\s*\()|\[\s*(?:"([^"\\]*)"|'([^'\\]*)')\s*\])"""
+)
+_ANY_REF = re.compile(r"device\s*\.\s*(?:attributes|capacity)\b")
+_LITERAL = re.compile(r""""((?:[^"\\\n]|\\.)*)"|'((?:[^'\\\n]|\\.)*)'""")
+_POSITION = re.compile(r"<input>:(\d+):(\d+): (.*)")
+
+Ref = tuple[str, str, str]  # ("attributes"|"capacity", domain, name)
+
+
+@dataclass(slots=True)
+class CompiledSelector:
+    selector: Selector
+    program: Any
+    parts: tuple[tuple[str, Any], ...]  # the conjuncts of a top-level && chain
+    refs: frozenset[Ref] | None  # None: reads the device in ways we cannot project
+    domains: frozenset[str]  # string literals: possible domain names to seed
+
+
+@dataclass(slots=True)
+class CelStats:
+    compiled: int = 0
+    compile_seconds: float = 0.0
+    evaluations: int = 0
+    eval_seconds: float = 0.0
+    conversions: int = 0
+    convert_seconds: float = 0.0
+
+
+def split_conjuncts(expr: str) -> list[str]:
+    """Split ``a && b && c`` at top level; one part when there is a top-level || or ?:."""
+    parts, depth, start, i, quote = [], 0, 0, 0, ""
+    while i < len(expr):
+        ch = expr[i]
+        if quote:
+            if ch == "\\":
+                i += 2
+                continue
+            if ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0 and (expr.startswith("||", i) or ch == "?"):
+            return [expr.strip()]
+        elif depth == 0 and expr.startswith("&&", i):
+            parts.append(expr[start:i].strip())
+            start = i + 2
+            i += 1
+        i += 1
+    parts.append(expr[start:].strip())
+    return [p for p in parts if p]
+
+
+def _projection(expr: str) -> frozenset[Ref] | None:
+    refs = []
+    for m in _REF.finditer(expr):
+        domain = m.group(2) if m.group(2) is not None else m.group(3)
+        name = m.group(4) or m.group(5) or m.group(6) or ""
+        refs.append((m.group(1), domain, name))
+    if len(refs) != len(_ANY_REF.findall(expr)):
+        return None
+    return frozenset(refs)
+
+
+class CelEnv:
+    """Compiles selectors once and evaluates them on devices, one device bound at a time."""
+
+    def __init__(self) -> None:
+        self._cel = load_cel()
+        functions = dict(k8s_functions())
+        try:
+            from cel import stdlib
+
+            for lib in _EXTRAS:
+                functions.update({k: v for k, v in stdlib.EXTENSIONS[lib].items()
+                                  if k not in functions and k != "bool"})
+        except (ImportError, AttributeError, KeyError):  # older engine: core CEL only
+            pass
+        self._known = _BUILTINS | frozenset(functions)
+        self._ctx = self._cel.Context(None, functions)
+        self._programs: dict[str, Any] = {}
+        self._compiled: dict[tuple[str, str, int], CompiledSelector] = {}
+        self._refs: frozenset[Ref] | None = frozenset()
+        self._domains: frozenset[str] = frozenset()
+        self._values: dict[DeviceID, dict[str, Any]] = {}
+        self._bound: DeviceID | None = None
+        self._results: dict[tuple[str, DeviceID], bool] = {}
+        self.stats = CelStats()
+
+    # --- compile --------------------------------------------------------------------------
+
+    def _program(self, expr: str, selector: Selector) -> Any:
+        prog = self._programs.get(expr)
+        if prog is not None:
+            return prog
+        start = time.perf_counter()
+        try:
+            prog = self._cel.compile(expr)
+        except Exception as err:  # the engine raises ValueError with the parser's message
+            raise InputError(selector.where, self._compile_message(selector, str(err))) from None
+        finally:
+            self.stats.compile_seconds += time.perf_counter() - start
+            self.stats.compiled += 1
+        for fn in prog.functions():
+            if fn[0] in "_@!" or fn in self._known:
+                continue
+            raise InputError(selector.where, f"{selector.owner} selector #{selector.index}: "
+                             f"undeclared reference to '{fn}' in: {selector.expression}")
+        for var in prog.variables():
+            if var == "device" or re.search(_MACRO_VAR.format(name=re.escape(var)), expr):
+                continue
+            raise InputError(selector.where, f"{selector.owner} selector #{selector.index}: "
+                             f"undeclared reference to '{var}' (only 'device' is defined) in: "
+                             f"{selector.expression}")
+        self._programs[expr] = prog
+        return prog
+
+    @staticmethod
+    def _compile_message(selector: Selector, raw: str) -> str:
+        head = f"{selector.owner} selector #{selector.index} does not compile"
+        m = _POSITION.search(raw)
+        if not m:
+            return f"{head}: {raw}"
+        line, col, what = int(m.group(1)), int(m.group(2)), m.group(3)
+        src = selector.expression.splitlines()[line - 1] if selector.expression else ""
+        return f"{head}: {what} at line {line} column {col + 1}\n  {src}\n  {' ' * col}^"
+
+    def compile(self, selector: Selector) -> CompiledSelector:
+        key = (selector.owner, selector.expression, selector.index)
+        found = self._compiled.get(key)
+        if found is not None:
+            return found
+        expr = selector.expression
+        program = self._program(expr, selector)
+        conj = split_conjuncts(expr)
+        parts = tuple((p, self._program(p, selector)) for p in conj) if len(conj) > 1 else ()
+        literals = frozenset(a if a else b for a, b in _LITERAL.findall(expr))
+        cs = CompiledSelector(selector, program, parts, _projection(expr), literals)
+        self._compiled[key] = cs
+        self._refs = None if self._refs is None or cs.refs is None else self._refs | cs.refs
+        self._domains |= literals
+        self._values.clear()  # the projection may have grown
+        self._bound = None
+        return cs
+
+    # --- evaluate -------------------------------------------------------------------------
+
+    def _value(self, device: Device) -> dict[str, Any]:
+        attrs: dict[str, dict[str, Any]] = {}
+        caps: dict[str, dict[str, Any]] = {}
+        if self._refs is None:
+            for d in self._domains:
+                attrs[d], caps[d] = {}, {}
+            for name, (kind, value) in device.attributes.items():
+                domain, ident = _split(name, device.driver)
+                attrs.setdefault(domain, {})[ident] = _attr(kind, value)
+            for name, cap in device.capacity.items():
+                domain, ident = _split(name, device.driver)
+                caps.setdefault(domain, {})[ident] = {QTAG: str(cap.value)}
+        else:
+            for what, domain, ident in self._refs:
+                target = attrs if what == "attributes" else caps
+                entries = target.setdefault(domain, {})
+                qualified = ident if domain == device.driver else f"{domain}/{ident}"
+                if what == "attributes":
+                    found = device.attributes.get(qualified) or device.attributes.get(
+                        f"{domain}/{ident}")
+                    if found is not None:
+                        entries[ident] = _attr(*found)
+                else:
+                    c = device.capacity.get(qualified) or device.capacity.get(f"{domain}/{ident}")
+                    if c is not None:
+                        entries[ident] = {QTAG: str(c.value)}
+            for d in self._domains:
+                attrs.setdefault(d, {})
+                caps.setdefault(d, {})
+        return {"driver": device.driver, "allowMultipleAllocations": device.allow_multiple,
+                "attributes": attrs, "capacity": caps}
+
+    def _bind(self, device: Device) -> None:
+        if self._bound == device.id:
+            return
+        start = time.perf_counter()
+        value = self._values.get(device.id)
+        if value is None:
+            value = self._values[device.id] = self._value(device)
+        self._ctx.add_variable("device", value)
+        self._bound = device.id
+        self.stats.conversions += 1
+        self.stats.convert_seconds += time.perf_counter() - start
+
+    def _run(self, program: Any, selector: Selector, device: Device) -> bool:
+        self._bind(device)
+        start = time.perf_counter()
+        try:
+            result = program.execute(self._ctx)
+        except Exception as err:
+            raise SelectorRuntimeError(selector, device_id_str(device.id), _cause(err)) from None
+        finally:
+            self.stats.evaluations += 1
+            self.stats.eval_seconds += time.perf_counter() - start
+        if not isinstance(result, bool):
+            raise SelectorRuntimeError(selector, device_id_str(device.id),
+                                       f"must evaluate to bool, not {type(result).__name__}")
+        return result
+
+    def matches(self, cs: CompiledSelector, device: Device) -> bool:
+        """The selector's verdict; raises SelectorRuntimeError as the scheduler would fail."""
+        key = (cs.selector.expression, device.id)
+        found = self._results.get(key)
+        if found is None:
+            found = self._results[key] = self._run(cs.program, cs.selector, device)
+        return found
+
+    def failing_part(self, cs: CompiledSelector, device: Device) -> str:
+        """The first conjunct of a && chain that is false on the device (else the whole)."""
+        for text, program in cs.parts:
+            try:
+                if not self._run(program, cs.selector, device):
+                    return text
+            except SelectorRuntimeError:
+                continue  # false wins over an error in CEL's &&; keep looking
+        return cs.selector.expression
+
+
+def compile_all(env: CelEnv, selectors: Iterable[Selector]) -> list[CompiledSelector]:
+    return [env.compile(s) for s in selectors]
+
+
+def _split(name: str, driver: str) -> tuple[str, str]:
+    domain, sep, ident = name.partition("/")
+    return (domain, ident) if sep else (driver, name)
+
+
+def _attr(kind: str, value: Any) -> Any:
+    if kind == "version":
+        return {VTAG: str(parse_semver(value))}
+    if kind == "versions":
+        return [{VTAG: str(parse_semver(v))} for v in value]
+    return value
+
+
+def _cause(err: Exception) -> str:
+    if isinstance(err, KeyError):
+        return f"no such key: {err.args[0] if err.args else err}"
+    return str(err) or type(err).__name__
+

@@ -1,0 +1,118 @@
+"""The smallest change that would make a claim fit, worded for an operator."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from agent.explain.model import ALL, Claim
+from agent.explain.reasons import (
+    CONSTRAINT,
+    COUNTERS,
+    NODE,
+    SELECTOR,
+    SELECTOR_ERROR,
+    DeviceVerdict,
+    RequestReport,
+)
+from agent.explain.result import PoolReport
+
+if TYPE_CHECKING:
+    from agent.explain.allocator import Search
+
+_ORDINAL = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth"]
+
+
+def _at(v: DeviceVerdict) -> str:
+    return f"{v.device} under {v.where}" if v.where else v.device
+
+
+def _shortfall(r: RequestReport) -> str:
+    need = r.needed if r.mode != ALL else max(r.matching, 1)
+    free = r.candidates
+    blocked = [v for v in r.devices if v.reason is not None
+               and v.reason.code not in (SELECTOR, SELECTOR_ERROR, NODE)]
+    if (r.mode == ALL and r.matching == 0) or r.matching < need:
+        misses = Counter(str(v.reason.detail.get("failing")) for v in r.devices
+                         if v.reason is not None and v.reason.code == SELECTOR
+                         and str(v.reason.detail.get("owner", "")).startswith("request"))
+        text = (f"request {r.request} needs {need} device(s) of class {r.device_class} but only "
+                f"{r.matching} match its selectors")
+        if misses:
+            part, n = misses.most_common(1)[0]
+            text += f"; {n} more fail only the request selector part `{part}`: relax it"
+        elif r.matching:
+            text += f"; lower count to {r.matching}"
+        return text
+    missing = need - free
+    lines = [f"request {r.request}: {free} of {need} device(s) that match are free"]
+    for i, v in enumerate(blocked[:missing]):
+        assert v.reason is not None
+        nth = _ORDINAL[free + i] if free + i < len(_ORDINAL) else f"#{free + i + 1}"
+        lines.append(f"the {nth}, {_at(v)}, is not: {v.reason.message}")
+    return "; ".join(lines)
+
+
+def _constraint_hint(claim: Claim, reports: Sequence[RequestReport]) -> str | None:
+    by_name = {r.request: r for r in reports}
+    for c in claim.constraints:
+        names = list(c.requests) or [r.request for r in reports]
+        involved = [by_name[n] for n in names if n in by_name and by_name[n].status != "skipped"]
+        if len(involved) < 2 or not c.match_attribute:
+            continue
+        per_value: dict[str, dict[str, int]] = {}
+        for r in involved:
+            for v in r.devices:
+                if v.reason is None or v.reason.code == CONSTRAINT:
+                    key = v.where if c.attribute.endswith("pcieRoot") and v.where else None
+                    if key is not None:
+                        per_value.setdefault(key, Counter())[r.request] += 1
+        if not per_value:
+            return (f"constraint matchAttribute {c.attribute}: the free devices of requests "
+                    f"{', '.join(r.request for r in involved)} have no common value")
+        best = max(per_value, key=lambda k: sum(min(per_value[k][r.request], r.needed)
+                                                for r in involved))
+        lacking = [f"{r.request} has {per_value[best][r.request]} of {r.needed}"
+                   for r in involved if per_value[best][r.request] < r.needed]
+        return (f"constraint matchAttribute {c.attribute}: no value has free devices for all of "
+                f"{', '.join(r.request for r in involved)}; closest is {best}, where "
+                f"{'; '.join(lacking)}")
+    return None
+
+
+def suggest(claim: Claim, reports: Sequence[RequestReport], pools: Sequence[PoolReport],
+            search: Search, error: str | None) -> str:
+    if error:
+        for r in reports:
+            for v in r.devices:
+                if v.reason is not None and v.reason.code == SELECTOR_ERROR:
+                    return (f"fix the selector: {v.reason.message} on {v.device}; guard optional "
+                            "attributes with has(...) or test the device type first")
+        bad = [p for p in pools if p.status != "ok"]
+        if bad:
+            return "; ".join(f"pool {p.driver}/{p.pool} is {p.status} ({p.message})" for p in bad)
+        return error
+    if not pools:
+        return f"no ResourceSlice publishes devices for node {search.node.name}"
+    # Per claim request: the alternative with the smallest shortfall, if none can work alone.
+    by_base: dict[str, list[RequestReport]] = {}
+    for r in reports:
+        by_base.setdefault(r.request.split("/")[0], []).append(r)
+    for alts in by_base.values():
+        feasible = [r for r in alts if r.candidates >= (r.needed if r.mode != ALL else 1)]
+        if not feasible:
+            best = min(alts, key=lambda r: r.needed - r.candidates)
+            return _shortfall(best)
+    hint = _constraint_hint(claim, reports)
+    if hint:
+        return hint
+    for r in reports:
+        for v in r.devices:
+            if v.reason is not None and v.reason.code == COUNTERS:
+                return f"shared counters run out: {_at(v)} {v.reason.message}"
+    firsts = [f"{r.request}: {_at(v)} {v.reason.message}" for r in reports for v in r.devices
+              if v.reason is not None and v.reason.code == CONSTRAINT][:2]
+    if firsts:
+        return "the requests conflict through the claim's constraints: " + "; ".join(firsts)
+    return "each request can be met alone but not all together; split the claim or free devices"

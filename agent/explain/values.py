@@ -1,0 +1,123 @@
+"""Kubernetes quantities and semantic versions, as the DRA CEL libraries and the allocator see them.
+
+Quantities are exact ``Fraction`` values so "1Gi" and "1024Mi" compare equal and counters never
+drift through float rounding. Versions follow semver 2.0.0 precedence (build metadata ignored).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+_BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_QUANTITY_RE = re.compile(
+    r"^(?P<num>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?:(?P<bin>Ki|Mi|Gi|Ti|Pi|Ei)|(?P<exp>[eE][+-]?[0-9]+)|(?P<dec>[numkMGTPE]?))$"
+)
+
+
+class ValueParseError(ValueError):
+    """A quantity or version string that does not follow the Kubernetes grammar."""
+
+
+def parse_quantity(text: object) -> Fraction:
+    """Parse a resource.Quantity ("80Gi", "1.5", "500m", "1e3", or a plain number)."""
+    if isinstance(text, bool):
+        raise ValueParseError(f"quantity must be a string or number, not {text!r}")
+    if isinstance(text, int):
+        return Fraction(text)
+    if isinstance(text, float):
+        return Fraction(str(text))
+    if not isinstance(text, str):
+        raise ValueParseError(f"quantity must be a string or number, not {text!r}")
+    m = _QUANTITY_RE.match(text.strip())
+    if not m or not text.strip():
+        raise ValueParseError(f"{text!r} is not a quantity (e.g. 80Gi, 500m, 2)")
+    number = Fraction(str(m["num"]))
+    if m["bin"]:
+        return number * int(1024 ** _BINARY[m["bin"]])
+    if m["exp"]:
+        return number * Fraction(10) ** int(m["exp"][1:])
+    return number * Fraction(10) ** _DECIMAL[m["dec"] or ""]
+
+
+def format_quantity(value: Fraction) -> str:
+    """A short canonical spelling: binary suffixes for whole multiples of 1024, else decimal."""
+    if value.denominator == 1:
+        n = value.numerator
+        if n != 0:
+            for suffix, power in sorted(_BINARY.items(), key=lambda kv: -kv[1]):
+                unit = 1024**power
+                if n % unit == 0:
+                    return f"{n // unit}{suffix}"
+        return str(n)
+    milli = value * 1000
+    if milli.denominator == 1:
+        return f"{milli.numerator}m"
+    nano = value * 10**9
+    return f"{round(nano)}n"
+
+
+_SEMVER_RE = re.compile(
+    r"^(?P<major>0|[1-9]\d*)\.(?P<minor>0|[1-9]\d*)\.(?P<patch>0|[1-9]\d*)"
+    r"(?:-(?P<pre>(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)"
+    r"(?:\.(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*))?"
+    r"(?:\+(?P<build>[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?$"
+)
+
+
+@dataclass(frozen=True, slots=True, order=False)
+class Semver:
+    major: int
+    minor: int
+    patch: int
+    pre: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        core = f"{self.major}.{self.minor}.{self.patch}"
+        return core + ("-" + ".".join(self.pre) if self.pre else "")
+
+    def compare(self, other: Semver) -> int:
+        """-1, 0 or 1 by semver 2.0.0 precedence."""
+        a = (self.major, self.minor, self.patch)
+        b = (other.major, other.minor, other.patch)
+        if a != b:
+            return -1 if a < b else 1
+        if self.pre == other.pre:
+            return 0
+        if not self.pre:  # a release ranks above its pre-releases
+            return 1
+        if not other.pre:
+            return -1
+        for x, y in zip(self.pre, other.pre, strict=False):
+            if x == y:
+                continue
+            xn, yn = x.isdigit(), y.isdigit()
+            if xn and yn:
+                return -1 if int(x) < int(y) else 1
+            if xn != yn:  # numeric identifiers rank below alphanumeric ones
+                return -1 if xn else 1
+            return -1 if x < y else 1
+        return -1 if len(self.pre) < len(other.pre) else 1
+
+
+def parse_semver(text: object, normalize: bool = False) -> Semver:
+    """Parse a semver 2.0.0 string; ``normalize`` accepts "v1.2" and leading zeros like the
+    Kubernetes CEL ``semver(s, true)`` overload."""
+    if not isinstance(text, str):
+        raise ValueParseError(f"version must be a string, not {text!r}")
+    s = text
+    if normalize:
+        s = s.removeprefix("v")
+        core, sep, rest = s.partition("-") if "-" in s else s.partition("+")
+        parts = core.split(".")
+        if 1 <= len(parts) <= 3 and all(p.isdigit() for p in parts):
+            parts = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
+            s = ".".join(parts) + (sep + rest if sep else "")
+    m = _SEMVER_RE.match(s)
+    if not m:
+        raise ValueParseError(f"{text!r} is not a semantic version (e.g. 1.2.3)")
+    pre = tuple(m["pre"].split(".")) if m["pre"] else ()
+    return Semver(int(m["major"]), int(m["minor"]), int(m["patch"]), pre)
