@@ -1,0 +1,183 @@
+"""Kubelet plugin benchmark: prepare/unprepare latency through real gRPC, beside the floor.
+
+The floor is measured in the same run on the same disk: one GET of the claim from the fake API
+server (through the same kubernetes client) plus two durable file writes (the CDI spec and the
+checkpoint). Prepare does that plus a PrepareStarted checkpoint write, the gRPC round trip and
+the validation, so its goal is p50 <= 1.5x floor and p99 <= 10 ms.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agent.checkpoint_store import durable_write
+from agent.claims import ClaimRef
+from agent.metrics import Metrics
+from agent.plugin import PluginOptions, PluginServer
+from agent.plugin.framework import APIClaimSource
+from agent.prepare import EnvOnlyEdits
+from discovery.model import Device, DeviceType, HostInfo, Inventory
+from hack.benches import Figure
+
+DRIVER = "dra-agent.io"
+NODE = "bench-node"
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _claim(name: str, devices: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "bench", "uid": str(uuid.uuid4())},
+        "spec": {"devices": {"requests": [{"name": "req", "exactly": {
+            "deviceClassName": "gpu", "allocationMode": "All"}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "req", "driver": DRIVER, "pool": NODE, "device": d} for d in devices
+        ]}}},
+    }
+
+
+def _ref(claim: dict[str, Any]) -> Any:
+    from tests.fakes.kubelet import ClaimRef as KubeletRef
+
+    m = claim["metadata"]
+    return KubeletRef(namespace=m["namespace"], name=m["name"], uid=m["uid"])
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1000
+
+
+def run(quick: bool) -> list[Figure]:
+    from tests.fakes.apiserver import FakeAPIServer
+    from tests.fakes.kubelet import KubeletStandIn
+
+    rounds = 40 if quick else 200
+    callers, per_caller = 16, (5 if quick else 20)
+    root = Path(tempfile.mkdtemp(prefix="kb", dir="/tmp"))
+    devices = tuple(
+        Device(name=f"gpu-{i}", type=DeviceType.GPU, attributes={}, capacity={},
+               host=HostInfo(pci_address=f"0000:{i // 32:02x}:{i % 32:02x}.0"))
+        for i in range(callers * 8)
+    )
+    boot = root / "boot_id"
+    boot.write_text("bench\n")
+    figures: list[Figure] = []
+    try:
+        with FakeAPIServer() as srv:
+            api = srv.api_client()
+            options = PluginOptions(
+                driver_name=DRIVER, node_name=NODE, kubelet_dir=root / "kubelet",
+                cdi_dir=root / "cdi", boot_id_path=boot, max_workers=callers,
+            )
+            server = PluginServer(options, api, lambda: Inventory(devices=devices),
+                                  EnvOnlyEdits(), Metrics())
+            server.start()
+            kubelet = KubeletStandIn(options.kubelet_dir / "plugins_registry").start()
+            try:
+                kubelet.wait_registered(DRIVER)
+                figures += _latency(srv, api, kubelet, root, rounds)
+                figures += _throughput(srv, kubelet, callers, per_caller)
+            finally:
+                kubelet.stop()
+                server.stop(0)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return figures
+
+
+def _floor(srv: Any, api: Any, root: Path, rounds: int) -> list[float]:
+    source = APIClaimSource(api)
+    claim = srv.put_object(_claim("floor", ["gpu-0"]))
+    ref = ClaimRef("bench", "floor", claim["metadata"]["uid"])
+    spec = b"x" * 900
+    state = b"y" * 1200
+    floor_dir = root / "floor"
+    floor_dir.mkdir()
+
+    def once() -> None:
+        source.get(ref)
+        durable_write(floor_dir / "spec.json", spec)
+        durable_write(floor_dir / "checkpoint.json", state)
+
+    for _ in range(5):
+        once()
+    return [_timed(once) for _ in range(rounds)]
+
+
+def _latency(srv: Any, api: Any, kubelet: Any, root: Path, rounds: int) -> list[Figure]:
+    floor = _floor(srv, api, root, rounds)
+    floor_p50 = statistics.median(floor)
+    out = [Figure("plugin floor (GET claim + 2 durable writes), p50", floor_p50, "ms")]
+    for size in (1, 8):
+        claims = [srv.put_object(_claim(f"c{size}-{i}", [f"gpu-{d}" for d in range(size)]))
+                  for i in range(rounds + 5)]
+        prep: list[float] = []
+        unprep: list[float] = []
+        for i, claim in enumerate(claims):
+            ref = _ref(claim)
+            p = _timed(lambda r=ref: kubelet.prepare(DRIVER, [r]))
+            u = _timed(lambda r=ref: kubelet.unprepare(DRIVER, [r]))
+            if i >= 5:  # warm-up
+                prep.append(p)
+                unprep.append(u)
+        p50, p99 = statistics.median(prep), _pct(prep, 0.99)
+        out += [
+            Figure(f"plugin prepare {size}-device claim, p50", p50, "ms",
+                   f"<= {1.5 * floor_p50:.2f} ms", p50 <= 1.5 * floor_p50),
+            Figure(f"plugin prepare {size}-device claim, p99", p99, "ms", "<= 10 ms",
+                   p99 <= 10),
+            Figure(f"plugin unprepare {size}-device claim, p50", statistics.median(unprep),
+                   "ms"),
+            Figure(f"plugin unprepare {size}-device claim, p99", _pct(unprep, 0.99), "ms",
+                   "<= 10 ms", _pct(unprep, 0.99) <= 10),
+        ]
+    return out
+
+
+def _throughput(srv: Any, kubelet: Any, callers: int, per_caller: int) -> list[Figure]:
+    work = [
+        [srv.put_object(_claim(f"t{c}-{i}", [f"gpu-{c * 8 + i % 8}"])) for i in range(per_caller)]
+        for c in range(callers)
+    ]
+    failures: list[str] = []
+
+    def caller(claims: list[dict[str, Any]]) -> None:
+        for claim in claims:
+            ref = _ref(claim)
+            if not kubelet.prepare(DRIVER, [ref])[ref.uid].ok:
+                failures.append(ref.uid)
+            kubelet.unprepare(DRIVER, [ref])
+
+    threads = [threading.Thread(target=caller, args=(w,)) for w in work]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    return [
+        Figure(f"plugin prepare+unprepare, {callers} parallel callers",
+               callers * per_caller / elapsed, "claims/s"),
+        Figure("plugin failed prepares under parallel load", len(failures), "claims",
+               "0", not failures),
+    ]
+
+
+if __name__ == "__main__":
+    for fig in run(quick=False):
+        print(fig.row())
