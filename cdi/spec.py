@@ -130,6 +130,10 @@ class ContainerEdits:
     def merge(self, other: ContainerEdits) -> ContainerEdits:
         """Both edit sets in order; a later env name, node path or mount target replaces an
         earlier one; identical hooks and net devices appear once."""
+        if other.is_empty():
+            return self
+        if self.is_empty():
+            return other
         return ContainerEdits(
             env=_merge_keyed((*self.env, *other.env), env_name),
             device_nodes=_merge_keyed((*self.device_nodes, *other.device_nodes), lambda n: n.path),
