@@ -1,0 +1,71 @@
+"""The embedded ResourceSlice controller (the Python counterpart of the upstream
+``k8s.io/dynamic-resource-allocation/resourceslice`` package).
+
+    controller = start(api_client, "dra-agent.io", Owner(name=node), resources)
+    controller.update(new_resources)   # non-blocking; the controller takes ownership
+    controller.synced(5.0)             # True once the API server holds the desired state
+    controller.stop()                  # returns when every thread has ended
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from agent.metrics import Metrics
+from agent.slices.api import ApiError, KubeSliceClient, SliceClient
+from agent.slices.chunk import chunk_devices
+from agent.slices.controller import Controller, Timing
+from agent.slices.errors import DroppedFieldsError, PublishError, RejectedSliceError, SliceError
+from agent.slices.owner import Owner
+from agent.slices.validate import PoolValidationError, Problem
+from agent.slices.versions import NoResourceAPIError
+from discovery.model import DriverResources
+
+
+def start(
+    api_client: Any | None,
+    driver: str,
+    owner: Owner | None,
+    resources: DriverResources | None,
+    *,
+    metrics: Metrics | None = None,
+    resync_period_s: float = 600,
+    stop_event: threading.Event | None = None,
+    on_error: Callable[[Exception], None] | None = None,
+    timing: Timing | None = None,
+) -> Controller:
+    """Start publishing ``resources`` for ``driver``; returns at once.
+
+    ``api_client`` is a ``kubernetes.client.ApiClient`` (or any ``SliceClient``); None gives
+    an inactive controller that says so once (kubelet standalone mode). Errors found in the
+    background go to ``on_error``; the controller retries what can succeed by retrying.
+    """
+    client: SliceClient | None
+    if api_client is None or isinstance(api_client, SliceClient):
+        client = api_client
+    else:
+        client = KubeSliceClient(api_client)
+    return Controller(
+        client, driver, owner, resources, metrics=metrics, resync_period_s=resync_period_s,
+        stop_event=stop_event, on_error=on_error, timing=timing,
+    )
+
+
+__all__ = [
+    "ApiError",
+    "Controller",
+    "DroppedFieldsError",
+    "NoResourceAPIError",
+    "Owner",
+    "PoolValidationError",
+    "Problem",
+    "PublishError",
+    "RejectedSliceError",
+    "SliceClient",
+    "SliceError",
+    "Timing",
+    "chunk_devices",
+    "start",
+]

@@ -1,0 +1,415 @@
+"""The embedded ResourceSlice controller: this node's pools in the cluster, always.
+
+Threads, not asyncio (DESIGN.md): one worker that syncs pools one at a time, and one watcher
+per watch scope (watch.py). ``update()`` only records the new desired state and wakes the
+worker; it never blocks on the network. The worker plans each pool with the pure
+``plan_pool`` (sync.py) and has the Publisher (publish.py) execute the plan.
+
+Repair is fast on purpose: an event from someone else (a kubelet wiping the node's slices, a
+person deleting or editing one) schedules the pool ``event_delay_s`` later, to fold a burst
+of events into one sync. Upstream waits 30 s there. Our own writes never schedule anything:
+the store already holds their answer, so their watch echo is old news.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from agent.metrics import Metrics
+from agent.slices.api import ApiError, SliceClient
+from agent.slices.backoff import Backoff
+from agent.slices.errors import PublishError, RejectedSliceError
+from agent.slices.owner import Owner, accept_all, owned_by
+from agent.slices.pools import PoolState, effective, to_desired
+from agent.slices.publish import ConflictError, Publisher
+from agent.slices.sync import OwnerRef, PoolPlan, plan_pool
+from agent.slices.validate import PoolValidationError
+from agent.slices.versions import NoResourceAPIError, choose_version
+from agent.slices.watch import Scope, Watcher
+from discovery.model import DriverResources
+
+log = logging.getLogger("agent.slices")
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Knobs; the defaults are the daemon's, tests shorten some."""
+
+    event_delay_s: float = 0.2  # coalescing window after a foreign change
+    watch_timeout_s: int = 300  # server-side end of each watch request
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 30.0
+    conflict_retries: int = 5  # re-read-and-plan-again rounds per sync before backing off
+    stop_poll_s: float = 0.5  # how often a caller's stop_event is looked at
+
+
+class Controller:
+    """Publishes DriverResources as ResourceSlices. Build it with ``start()``."""
+
+    def __init__(
+        self,
+        client: SliceClient | None,
+        driver: str,
+        owner: Owner | None,
+        resources: DriverResources | None,
+        *,
+        metrics: Metrics | None = None,
+        resync_period_s: float = 600,
+        stop_event: threading.Event | None = None,
+        on_error: Callable[[Exception], None] | None = None,
+        timing: Timing | None = None,
+    ) -> None:
+        if not driver:
+            raise ValueError("a DRA driver name is required")
+        self._client = client
+        self._driver = driver
+        self._owner = owner
+        self._owner_uid = owner.uid if owner is not None else None
+        self._metrics = metrics or Metrics()
+        self._resync_period_s = resync_period_s
+        self._external_stop = stop_event
+        self._on_error = on_error
+        self._timing = timing or Timing()
+        self._rng = random.Random()
+        self._stop = threading.Event()
+        self._cond = threading.Condition()  # guards _desired, _pending, _scopes
+        self._in_sync = threading.Event()
+        self._desired = to_desired(resources, owner)
+        self._pending: dict[str, float] = dict.fromkeys(self._desired, 0.0)
+        self._scopes: dict[str, Scope] = {}
+        self._scopes_dirty = False
+        self._threads: list[threading.Thread] = []
+        self._version: str | None = None
+        self._publisher: Publisher | None = None
+        # Worker-only state.
+        self._backoffs: dict[str, Backoff] = {}
+        self._failing: set[str] = set()
+        self._generations: dict[str, int] = {}  # last generation published per pool
+        self._rejected: dict[str, str] = {}  # pool -> fingerprint refused with 422
+        self._invalid: dict[str, str] = {}  # pool -> fingerprint failing local checks
+        self._next_resync = time.monotonic() + resync_period_s
+        self._worked = False
+        if client is None:
+            log.warning("no API server configured: ResourceSlices are not published",
+                        extra={"driver": driver})
+            return
+        self._spawn(self._run_worker, "slices-worker")
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        return self._client is not None
+
+    @property
+    def api_version(self) -> str | None:
+        return self._version
+
+    def update(self, resources: DriverResources) -> None:
+        """Replace the desired state (the controller takes ownership); never blocks."""
+        with self._cond:
+            old = set(self._desired)
+            self._desired = to_desired(resources, self._owner)
+            self._scopes_dirty = True
+            now = time.monotonic()
+            for pool in old | set(self._desired):
+                self._pending[pool] = now
+            self._in_sync.clear()
+            self._cond.notify_all()
+
+    def synced(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the API server to hold exactly the desired state."""
+        if self._client is None:
+            return False
+        return self._in_sync.wait(timeout)
+
+    def stop(self) -> None:
+        """Stop all background work and wait for every thread to end."""
+        self._halt()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()
+
+    # -- watch.Sink -------------------------------------------------------------------------
+
+    def schedule(self, pools: Iterable[str], delay: float) -> None:
+        pools = list(pools)
+        if not pools:
+            return
+        with self._cond:
+            due = time.monotonic() + delay
+            for pool in pools:
+                self._pending[pool] = min(self._pending.get(pool, due), due)
+            self._in_sync.clear()
+            self._cond.notify_all()
+
+    def scope_listed(self, scope: Scope, first: bool) -> None:
+        # After a scope's first list, and after each resync list, every pool gets a look.
+        with self._cond:
+            pools = set(self._desired) | scope.store.pools()
+        self.schedule(pools, 0.0)
+
+    def watch_failed(self, scope: Scope, error: ApiError, retry_in_s: float) -> None:
+        self._metrics.slice_errors.labels(reason="watch").inc()
+        log.warning("watching ResourceSlices failed", extra={
+            "selector": scope.field_selector, "error": str(error),
+            "retry_in_s": round(retry_in_s, 2),
+        })
+
+    # -- threads ----------------------------------------------------------------------------
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        def run() -> None:
+            try:
+                target()
+            except Exception as err:  # a bug must not end publishing silently
+                log.exception("ResourceSlice controller thread crashed", extra={"thread": name})
+                self._report(err)
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _stopping(self) -> bool:
+        if self._external_stop is not None and self._external_stop.is_set():
+            self._halt()
+        return self._stop.is_set()
+
+    def _halt(self) -> None:
+        self._stop.set()
+        with self._cond:
+            scopes = list(self._scopes.values())
+            self._cond.notify_all()
+        for scope in scopes:
+            scope.interrupt()
+
+    def _report(self, err: Exception) -> None:
+        if self._on_error is None:
+            return
+        try:
+            self._on_error(err)
+        except Exception:  # the handler is the caller's; its failure must not stop us
+            log.exception("on_error handler failed")
+
+    def _backoff(self, key: str) -> Backoff:
+        if key not in self._backoffs:
+            self._backoffs[key] = Backoff(
+                self._timing.backoff_initial_s, self._timing.backoff_max_s, rng=self._rng
+            )
+        return self._backoffs[key]
+
+    # -- worker -----------------------------------------------------------------------------
+
+    def _run_worker(self) -> None:
+        if not self._discover():
+            return
+        while not self._stopping():
+            if self._scopes_dirty or not self._scopes:
+                self._ensure_scopes()
+            due = self._take_due()
+            for pool in due or ():
+                if self._stopping():
+                    return
+                self._sync_pool(pool)
+                self._worked = True
+
+    def _take_due(self) -> list[str] | None:
+        """Pools due now; None after waiting (for work, a stop, or the periodic resync)."""
+        with self._cond:
+            now = time.monotonic()
+            if now >= self._next_resync:
+                self._next_resync = now + self._resync_period_s
+                self._resync()
+            ready = {p: t for p, t in self._pending.items() if self._ready(p)}
+            due = sorted(p for p, t in ready.items() if t <= now)
+            if due:
+                for pool in due:
+                    del self._pending[pool]
+                return due
+            if not self._pending and all(s.listed for s in self._scopes.values()):
+                self._mark_synced()
+            # Pools waiting for their scope's first list are woken by scope_listed().
+            wait = min([self._next_resync - now, *(t - now for t in ready.values())])
+            if self._external_stop is not None:
+                wait = min(wait, self._timing.stop_poll_s)
+            self._cond.wait(max(wait, 0.0))
+            return None
+
+    def _mark_synced(self) -> None:
+        if self._failing or self._rejected or self._invalid:
+            return
+        if self._worked or not self._in_sync.is_set():
+            self._metrics.last_publish.set(time.time())
+            self._worked = False
+        self._in_sync.set()
+
+    def _resync(self) -> None:
+        """Periodic safety net: list every scope again, then every pool gets a look."""
+        for scope in self._scopes.values():
+            scope.relist_requested = True
+            scope.interrupt()
+
+    def _discover(self) -> bool:
+        assert self._client is not None
+        backoff = self._backoff("discovery")
+        reported = False
+        while not self._stopping():
+            try:
+                self._version = choose_version(self._client.served_versions())
+            except NoResourceAPIError as err:
+                if not reported:
+                    self._report(err)
+                    reported = True
+                log.error(str(err))
+                delay = backoff.next()
+            except ApiError as err:
+                delay = backoff.next()
+                log.warning("API discovery failed",
+                            extra={"error": str(err), "retry_in_s": round(delay, 2)})
+            else:
+                log.info("publishing ResourceSlices",
+                         extra={"api_version": self._version, "driver": self._driver})
+                self._publisher = Publisher(
+                    self._client, self._version, self._scope_for_node, self._scope_holding,
+                    metrics=self._metrics, report=self._report,
+                )
+                return True
+            self._stop.wait(delay)
+        return False
+
+    def _selector(self, node_name: str | None) -> str:
+        return f"spec.driver={self._driver},spec.nodeName={node_name or ''}"
+
+    def _ensure_scopes(self) -> None:
+        """Start the watch scopes the desired pools need (a started scope stays)."""
+        assert self._client is not None and self._version is not None
+        owner = self._owner
+        with self._cond:
+            self._scopes_dirty = False
+            nodes = {s.pool.node_name for s in self._desired.values()}
+        nodes.add(owner.name if owner is not None and owner.is_node else None)
+        for node in sorted(nodes, key=lambda n: n or ""):
+            selector = self._selector(node)
+            if selector in self._scopes:
+                continue
+            accepts = owned_by(owner) if node is None and owner is not None else accept_all
+            scope = Scope(selector, accepts)
+            with self._cond:
+                self._scopes[selector] = scope
+            watcher = Watcher(
+                self._client, self._version, scope, self, self._stop,
+                event_delay_s=self._timing.event_delay_s,
+                watch_timeout_s=self._timing.watch_timeout_s,
+                backoff=Backoff(self._timing.backoff_initial_s, self._timing.backoff_max_s,
+                                rng=self._rng),
+            )
+            self._spawn(watcher.run, f"slices-watch-{len(self._scopes)}")
+
+    def _ready(self, pool: str) -> bool:
+        """Whether the scope holding ``pool``'s slices has been listed (caller holds _cond)."""
+        state = self._desired.get(pool)
+        if state is None:
+            return any(s.listed for s in self._scopes.values())
+        scope = self._scopes.get(self._selector(state.pool.node_name))
+        return scope is not None and scope.listed
+
+    def _scope_for_node(self, node_name: str | None) -> Scope | None:
+        with self._cond:
+            return self._scopes.get(self._selector(node_name))
+
+    def _scope_holding(self, pool: str, name: str) -> Scope | None:
+        with self._cond:
+            scopes = list(self._scopes.values())
+        for scope in scopes:
+            if any(o.get("metadata", {}).get("name") == name for o in scope.store.pool(pool)):
+                return scope
+        return None
+
+    def _existing(self, pool: str) -> list[dict[str, object]]:
+        with self._cond:
+            scopes = list(self._scopes.values())
+        return [obj for scope in scopes for obj in scope.store.pool(pool)]
+
+    # -- one pool ---------------------------------------------------------------------------
+
+    def _sync_pool(self, pool: str) -> None:
+        assert self._publisher is not None
+        with self._cond:
+            state = self._desired.get(pool)
+        if state is not None and not self._valid(pool, state):
+            return
+        if state is not None and self._rejected.get(pool) == state.fingerprint:
+            return  # refused as invalid; wait for the driver to change the pool
+        self._rejected.pop(pool, None)
+        try:
+            for _ in range(self._timing.conflict_retries):
+                desired = effective(state, self._publisher.accepted) if state else None
+                plan = plan_pool(
+                    self._driver, pool, desired, self._existing(pool), self._owner_ref(),
+                    generation_floor=self._generations.get(pool, 0),
+                )
+                try:
+                    self._publisher.execute(plan, state)
+                except ConflictError:
+                    continue
+                self._succeeded(pool, plan)
+                return
+            raise ApiError("SYNC", pool, 409, "Conflict", "the pool kept changing under us")
+        except RejectedSliceError as err:
+            assert state is not None
+            self._rejected[pool] = state.fingerprint
+            self._metrics.slice_errors.labels(reason="invalid").inc()
+            log.error(str(err), extra={"pool": pool, "slice": err.slice_name})
+            self._report(err)
+        except ApiError as err:
+            self._failed(pool, err)
+
+    def _valid(self, pool: str, state: PoolState) -> bool:
+        """Local limits; an invalid pool is reported once per content and left as it is."""
+        problems = state.check(self._driver)
+        if not problems:
+            self._invalid.pop(pool, None)
+            return True
+        if self._invalid.get(pool) != state.fingerprint:
+            self._invalid[pool] = state.fingerprint
+            err = PoolValidationError(pool, problems)
+            self._metrics.slice_errors.labels(reason="invalid").inc()
+            log.error(str(err), extra={"pool": pool})
+            self._report(err)
+        return False
+
+    def _owner_ref(self) -> OwnerRef | None:
+        owner = self._owner
+        if owner is None:
+            return None
+        if self._owner_uid is None:
+            assert self._client is not None
+            if not owner.is_node:
+                raise ApiError("GET", owner.name, 0, "NoUID", f"owner {owner.kind} needs a uid")
+            self._owner_uid = self._client.node_uid(owner.name)
+            log.info("node owner found", extra={"node": owner.name, "uid": self._owner_uid})
+        return OwnerRef(owner.api_version, owner.kind, owner.name, self._owner_uid)
+
+    def _succeeded(self, pool: str, plan: PoolPlan) -> None:
+        if plan.writes:
+            self._generations[pool] = plan.generation
+        if pool in self._failing:
+            log.info("publishing recovered", extra={"pool": pool})
+        self._failing.discard(pool)
+        self._backoffs.pop(f"pool/{pool}", None)
+
+    def _failed(self, pool: str, err: ApiError) -> None:
+        delay = self._backoff(f"pool/{pool}").next()
+        self._failing.add(pool)
+        self.schedule([pool], delay)
+        self._metrics.slice_errors.labels(
+            reason="unavailable" if err.transient else "api_error"
+        ).inc()
+        error = PublishError(pool, "sync", err, delay)
+        log.warning(str(error), extra={"pool": pool})
+        self._report(error)

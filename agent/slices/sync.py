@@ -1,0 +1,285 @@
+"""Planning one pool's writes: desired slices versus the stored ones, as a pure function.
+
+``plan_pool`` decides; the controller only executes. Keeping the decision free of I/O makes
+the rules testable one by one (tests/slices/test_sync.py) and keeps the controller small.
+
+The rules follow the upstream controller (research: kubelet-plugin-protocol.md §4.4), with two
+deliberate differences:
+
+* the generation is bumped only when more than one write is needed (upstream also bumps for a
+  single missing slice, rewriting every slice of the pool to recreate one);
+* the generation never goes down within a process: ``generation_floor`` carries the last
+  generation published, so a pool recreated after a kubelet wipe is newer than what any
+  consumer saw before the wipe.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.slices.compare import copy_taint_times, devices_equal, specs_equal
+from agent.slices.naming import decode_index, generate_name, index_width
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRef:
+    """The owner written into ``metadata.ownerReferences`` (with ``controller: true``)."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+    def to_api(self) -> dict[str, Any]:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SliceContent:
+    """What one desired slice holds: v1 Device dicts and counter sets."""
+
+    devices: tuple[Mapping[str, Any], ...] = ()
+    shared_counters: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredPool:
+    """A pool as the planner needs it; exactly one of node_name / node_selector / all_nodes."""
+
+    name: str
+    slices: tuple[SliceContent, ...]
+    node_name: str | None = None
+    node_selector: Mapping[str, Any] | None = None
+    generation: int = 0  # the driver's floor (Pool.generation)
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    name: str
+    uid: str | None
+    resource_version: str | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    index: int
+    obj: dict[str, Any]  # full v1 object, carrying the stored resourceVersion
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    index: int
+    obj: dict[str, Any]  # v1 object with metadata.generateName
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPlan:
+    pool: str
+    generation: int
+    deletes: tuple[Delete, ...] = ()
+    updates: tuple[Update, ...] = ()
+    creates: tuple[Create, ...] = ()
+    bumped: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def writes(self) -> int:
+        return len(self.deletes) + len(self.updates) + len(self.creates)
+
+    @property
+    def empty(self) -> bool:
+        return self.writes == 0
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    value = obj.get("spec", {}).get("pool", {}).get("generation", 0)
+    return value if isinstance(value, int) else 0
+
+
+def _delete_of(obj: Mapping[str, Any], reason: str) -> Delete:
+    meta = obj.get("metadata", {})
+    return Delete(meta.get("name", ""), meta.get("uid"), meta.get("resourceVersion"), reason)
+
+
+def desired_spec(
+    driver: str, pool: DesiredPool, index: int, generation: int
+) -> dict[str, Any]:
+    """The v1 ``spec`` of slice ``index`` of ``pool``."""
+    content = pool.slices[index]
+    spec: dict[str, Any] = {
+        "driver": driver,
+        "pool": {
+            "name": pool.name,
+            "generation": generation,
+            "resourceSliceCount": len(pool.slices),
+        },
+    }
+    if pool.node_name:
+        spec["nodeName"] = pool.node_name
+    elif pool.node_selector is not None:
+        spec["nodeSelector"] = copy.deepcopy(dict(pool.node_selector))
+    else:
+        spec["allNodes"] = True
+    if content.shared_counters:
+        # The API forbids devices next to sharedCounters, even an empty list.
+        spec["sharedCounters"] = [copy.deepcopy(dict(c)) for c in content.shared_counters]
+    else:
+        spec["devices"] = [copy.deepcopy(dict(d)) for d in content.devices]
+    return spec
+
+
+def _owner_ok(obj: Mapping[str, Any], owner: OwnerRef | None) -> bool:
+    if owner is None:
+        return True
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(
+        isinstance(r, Mapping) and r.get("uid") == owner.uid and r.get("controller") is True
+        for r in refs
+    )
+
+
+def _with_owner(refs: Sequence[Any], owner: OwnerRef) -> list[Any]:
+    """Our controller reference in place of any other controller reference; others kept."""
+    kept = [r for r in refs if isinstance(r, Mapping) and not r.get("controller")]
+    return [owner.to_api(), *kept]
+
+
+def _match(
+    existing: Sequence[Mapping[str, Any]],
+    pool: DesiredPool,
+    width: int,
+    max_generation: int,
+) -> tuple[dict[int, Mapping[str, Any]], list[Delete]]:
+    """Stored slices by the desired index they stand for, and the obsolete rest."""
+    candidates: dict[int, list[Mapping[str, Any]]] = {}
+    obsolete: list[Delete] = []
+    for obj in existing:
+        name = obj.get("metadata", {}).get("name", "")
+        if _generation(obj) < max_generation:
+            obsolete.append(_delete_of(obj, "older generation"))
+            continue
+        if obj.get("spec", {}).get("nodeName") != pool.node_name:
+            # nodeName is immutable: a pool that moved between node-local and node selector
+            # needs new slices.
+            obsolete.append(_delete_of(obj, "node selection changed"))
+            continue
+        index = decode_index(name, width)
+        if index is None or index >= len(pool.slices):
+            obsolete.append(_delete_of(obj, "no desired slice with this index"))
+            continue
+        candidates.setdefault(index, []).append(obj)
+    matched: dict[int, Mapping[str, Any]] = {}
+    for index, objs in sorted(candidates.items()):
+        # Two slices claiming one index (a create raced a restart): keep the one that already
+        # has the right devices, so the duplicate costs one delete and no update.
+        want = pool.slices[index].devices
+        ordered = sorted(objs, key=functools.partial(_rank, want=want))
+        matched[index] = ordered[0]
+        obsolete += [_delete_of(o, "duplicate slice for this index") for o in ordered[1:]]
+    return matched, obsolete
+
+
+def _rank(obj: Mapping[str, Any], want: Sequence[Mapping[str, Any]]) -> tuple[int, str]:
+    same = devices_equal(obj.get("spec", {}).get("devices") or [], want)
+    return (0 if same else 1, obj.get("metadata", {}).get("name", ""))
+
+
+def plan_pool(
+    driver: str,
+    pool_name: str,
+    desired: DesiredPool | None,
+    existing: Sequence[Mapping[str, Any]],
+    owner: OwnerRef | None,
+    *,
+    generation_floor: int = 0,
+) -> PoolPlan:
+    """The writes that make the stored slices of ``pool_name`` equal ``desired``.
+
+    ``existing`` are v1-shaped stored objects of this pool (and only this pool). ``desired``
+    None means the pool is gone: all its slices are deleted. Order of execution is the
+    order of the fields: deletes, then updates, then creates.
+    """
+    if desired is None or not desired.slices:
+        deletes = tuple(_delete_of(o, "pool no longer published") for o in existing)
+        return PoolPlan(pool_name, generation_floor, deletes=deletes)
+
+    max_generation = max((_generation(o) for o in existing), default=0)
+    width = index_width(len(desired.slices))
+    matched, obsolete = _match(existing, desired, width, max_generation)
+    base = max(max_generation, generation_floor)
+
+    changed = {
+        index
+        for index, obj in matched.items()
+        if not specs_equal(obj.get("spec", {}), desired_spec(driver, desired, index, base))
+        or not _owner_ok(obj, owner)
+    }
+    missing = [i for i in range(len(desired.slices)) if i not in matched]
+    # Deleting a stale copy of an older generation is invisible to consumers; deleting a slice
+    # of the current generation changes the pool they see.
+    visible_deletes = sum(
+        1 for d in obsolete
+        if any(o.get("metadata", {}).get("name") == d.name and _generation(o) == max_generation
+               for o in existing)
+    )
+    writes = len(changed) + len(missing) + visible_deletes
+
+    bumped = True
+    if desired.generation > base:
+        generation = desired.generation
+    elif writes > 1:
+        # Consumers only trust a pool whose slices all carry its highest generation, so a
+        # multi-write change is never seen half done.
+        generation = base + 1
+    else:
+        generation, bumped = base, False
+
+    updates: list[Update] = []
+    for index in sorted(matched):
+        if index not in changed and not bumped:
+            continue
+        current = matched[index]
+        obj = copy.deepcopy(dict(current))
+        obj.pop("status", None)
+        meta = obj.setdefault("metadata", {})
+        meta.pop("managedFields", None)
+        if owner is not None:
+            meta["ownerReferences"] = _with_owner(meta.get("ownerReferences") or [], owner)
+        spec = desired_spec(driver, desired, index, generation)
+        if "devices" in spec:
+            spec["devices"] = copy_taint_times(
+                current.get("spec", {}).get("devices") or [], spec["devices"]
+            )
+        obj["spec"] = spec
+        updates.append(Update(index, obj))
+
+    creates: list[Create] = []
+    owner_name = owner.name if owner is not None else None
+    for index in missing:
+        new_meta: dict[str, Any] = {
+            "generateName": generate_name(index, width, driver, owner_name)
+        }
+        if owner is not None:
+            new_meta["ownerReferences"] = [owner.to_api()]
+        spec = desired_spec(driver, desired, index, generation)
+        creates.append(Create(index, {"metadata": new_meta, "spec": spec}))
+
+    return PoolPlan(
+        pool_name,
+        generation,
+        deletes=tuple(obsolete),
+        updates=tuple(updates),
+        creates=tuple(creates),
+        bumped=bumped and (bool(updates) or bool(creates)),
+    )
