@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "version": "agent.commands.version:command",
     "claims": "agent.commands.claims:command",
     "discover": "agent.commands.discover:command",
+    "explain": "agent.commands.explain:command",
 }
 
 

@@ -396,7 +396,8 @@ def parse_slice(doc: Doc) -> Slice:
                                               c.get("counters") or {})
                 for i, c in enumerate(spec.get("sharedCounters") or [])}
     return Slice(
-        name=str(_get(obj, "metadata", "name") or f"{driver}-{pool['name']}"),
+        name=str(_get(obj, "metadata", "name") or _get(obj, "metadata", "generateName")
+                 or f"{driver}-{pool['name']}"),
         driver=driver, pool=pool["name"], generation=int(pool.get("generation") or 0),
         slice_count=int(pool.get("resourceSliceCount") or 1), devices=tuple(devices),
         shared_counters=counters, node_name=spec.get("nodeName") or "",
