@@ -124,7 +124,8 @@ class PluginServer:
         self._lock.acquire()
         try:
             self.paths.plugin_dir.mkdir(parents=True, exist_ok=True)
-            self.preparer.recover()
+            with self.framework.exclusive():
+                self.preparer.recover()
             self._serve_dra()
             self.registration.start()
         except BaseException:

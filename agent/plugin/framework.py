@@ -153,25 +153,36 @@ class PluginFramework:
         self._serialize_lock = serialize_lock
 
     @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The cross-instance lock (rolling-update mode only; a no-op otherwise).
+
+        Start-up recovery holds it too, so a new instance never rolls back a PrepareStarted
+        record that the old instance is still completing.
+        """
+        if self._serialize_lock is None:
+            yield
+            return
+        fd = os.open(self._serialize_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
     def _claim_lock(self, uid: str) -> Iterator[None]:
-        with self._locks.hold(uid):
-            if self._serialize_lock is None:
-                yield
-                return
-            fd = os.open(self._serialize_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)
+        with self._locks.hold(uid), self.exclusive():
+            yield
 
-    def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, ClaimOutcome]:
-        return {ref.uid: self._prepare_one(ref) for ref in refs}
+    def prepare(self, refs: Sequence[ClaimRef], request_id: int = 0) -> dict[str, ClaimOutcome]:
+        return {ref.uid: self._prepare_one(ref, request_id) for ref in refs}
 
-    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, ClaimOutcome]:
-        return {ref.uid: self._unprepare_one(ref) for ref in refs}
+    def unprepare(
+        self, refs: Sequence[ClaimRef], request_id: int = 0
+    ) -> dict[str, ClaimOutcome]:
+        return {ref.uid: self._unprepare_one(ref, request_id) for ref in refs}
 
-    def _prepare_one(self, ref: ClaimRef) -> ClaimOutcome:
+    def _prepare_one(self, ref: ClaimRef, request_id: int) -> ClaimOutcome:
         start = time.perf_counter()
         try:
             if not ref.uid or not ref.name or not ref.namespace:
@@ -186,13 +197,18 @@ class PluginFramework:
             with self._claim_lock(ref.uid):
                 record = self.preparer.prepare(claim)
         except ClaimError as err:
-            return self._failed("prepare", ref, err.reason, str(err))
+            return self._failed("prepare", ref, err.reason, str(err), request_id)
         except Exception as err:  # a bug or the host: still this claim's answer only
-            log.exception("prepare failed unexpectedly", extra={"claim": ref.uid})
-            return self._failed("prepare", ref, "internal", f"claim {ref}: internal error: {err}")
+            log.exception(
+                "prepare failed unexpectedly", extra={"claim": ref.uid, "request": request_id}
+            )
+            return self._failed(
+                "prepare", ref, "internal", f"claim {ref}: internal error: {err}", request_id
+            )
         log.info(
             "claim prepared",
             extra={
+                "request": request_id,
                 "claim": ref.uid,
                 "namespace": ref.namespace,
                 "claim_name": ref.name,
@@ -203,25 +219,32 @@ class PluginFramework:
         )
         return ClaimOutcome(record=record)
 
-    def _unprepare_one(self, ref: ClaimRef) -> ClaimOutcome:
+    def _unprepare_one(self, ref: ClaimRef, request_id: int) -> ClaimOutcome:
         try:
             if not ref.uid:
                 raise ClaimError(str(ref), "the kubelet sent a claim reference without a UID")
             with self._claim_lock(ref.uid):
                 self.preparer.unprepare(ref.uid)
         except ClaimError as err:
-            return self._failed("unprepare", ref, err.reason, str(err))
+            return self._failed("unprepare", ref, err.reason, str(err), request_id)
         except Exception as err:
-            log.exception("unprepare failed", extra={"claim": ref.uid})
-            return self._failed("unprepare", ref, "internal", f"claim {ref}: {err}")
-        log.info("claim unprepared", extra={"claim": ref.uid, "claim_name": ref.name})
+            log.exception("unprepare failed", extra={"claim": ref.uid, "request": request_id})
+            return self._failed("unprepare", ref, "internal", f"claim {ref}: {err}", request_id)
+        log.info(
+            "claim unprepared",
+            extra={"request": request_id, "claim": ref.uid, "claim_name": ref.name},
+        )
         return ClaimOutcome()
 
-    def _failed(self, op: str, ref: ClaimRef, reason: str, message: str) -> ClaimOutcome:
+    def _failed(
+        self, op: str, ref: ClaimRef, reason: str, message: str, request_id: int
+    ) -> ClaimOutcome:
         self.metrics.claim_errors.labels(op, reason).inc()
         log.warning(
             f"{op} failed",
-            extra={"claim": ref.uid, "namespace": ref.namespace, "claim_name": ref.name,
-                   "reason": reason, "error": message},
+            extra={
+                "request": request_id, "claim": ref.uid, "namespace": ref.namespace,
+                "claim_name": ref.name, "reason": reason, "error": message,
+            },
         )
         return ClaimOutcome(error=message)

@@ -7,6 +7,7 @@ the request itself is unusable; everything about one claim goes into that claim'
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from types import ModuleType
@@ -36,11 +37,12 @@ class DRAService:
         self._version = version
         self._metrics = metrics
         self._share_ids = version == "v1"  # v1beta1's Device has no share_id field
+        self._ids = itertools.count(1)  # request ids for the logs (next() is thread-safe)
 
     def prepare(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self._measure("NodePrepareResources") as result:
             refs = self._refs(request, context)
-            outcomes = self._framework.prepare(refs)
+            outcomes = self._framework.prepare(refs, next(self._ids))
             response = self._pb.NodePrepareResourcesResponse()
             for uid, outcome in outcomes.items():
                 entry = response.claims[uid]  # creates the entry, even when empty
@@ -54,7 +56,7 @@ class DRAService:
     def unprepare(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self._measure("NodeUnprepareResources") as result:
             refs = self._refs(request, context)
-            outcomes = self._framework.unprepare(refs)
+            outcomes = self._framework.unprepare(refs, next(self._ids))
             response = self._pb.NodeUnprepareResourcesResponse()
             for uid, outcome in outcomes.items():
                 entry = response.claims[uid]
