@@ -59,6 +59,9 @@ class DeviceKind(StrEnum):
     OTHER = "other"
 
 
+_USE_DISCOVERED_NODES = frozenset({DeviceKind.AMD_GPU, DeviceKind.INTEL_GPU, DeviceKind.OTHER})
+
+
 def device_kind(device: Device) -> DeviceKind:
     """Which edits a device needs. A function bound to ``vfio-pci`` is VFIO whatever it is."""
     host = device.host
@@ -145,7 +148,12 @@ class EditsProvider:
             return ContainerEdits(env=describe_env(device))
         try:
             edits = self._hardware_edits(device, interface_name, move_netdev)
-            extra = tuple(char_node(self.dev_root, p) for p in device.host.dev_nodes)
+            # Discovery's node list is used only where no kind-specific rule exists: for the
+            # kinds above it also names shared nodes (which belong in the common edits) and
+            # MIG capability nodes that need not exist on the host yet.
+            extra: tuple[DeviceNode, ...] = ()
+            if device_kind(device) in _USE_DISCOVERED_NODES:
+                extra = tuple(char_node(self.dev_root, p) for p in device.host.dev_nodes)
         except HostLookupError as err:
             raise DeviceEditsError(device, err.reason) from err
         return edits.merge(ContainerEdits(device_nodes=extra))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,18 @@ def test_mig_device_gets_parent_node_and_its_two_capabilities(
     raw = json.loads(spec_json := json.dumps(spec.to_dict()))
     caps = raw["devices"][0]["containerEdits"]["deviceNodes"][1:]
     assert all("hostPath" not in c for c in caps), spec_json
+
+
+def test_discovered_node_lists_do_not_override_the_kind_rules(nvidia: FakeHost) -> None:
+    nvidia.add_mig(0, gi=1, ci=0)
+    base = mig()
+    listed = ("/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13",
+              "/dev/nvidiactl")  # fmt: skip
+    device = Device(base.name, base.type, {}, {},
+                    replace(base.host, dev_nodes=listed))  # fmt: skip
+    # The cap nodes do not exist under /dev yet: they come from procfs, not from the list.
+    edits = provider(nvidia).edits_for(device)
+    assert [n.path for n in edits.device_nodes] == list(listed[:3])
 
 
 def test_mig_instance_that_no_longer_exists_is_an_error(nvidia: FakeHost) -> None:
