@@ -36,7 +36,8 @@ def command(claim_file: str, class_files: tuple[str, ...], slices_from: str,
     cfg = pop_config(kwargs)
     try:
         if claim_file == "-":
-            claims = load_text(click.get_text_stream("stdin").read(), "<stdin>")
+            stdin: Any = click.get_text_stream("stdin")
+            claims = load_text(str(stdin.read()), "<stdin>")
         else:
             claims = load_file(claim_file)
         if len(claims) != 1:
@@ -65,6 +66,7 @@ def command(claim_file: str, class_files: tuple[str, ...], slices_from: str,
     except InputError as err:
         click.echo(f"error: {err}", err=True)
         raise SystemExit(2) from None
-    render = {"json": to_json, "yaml": to_yaml}.get(output, to_table)
-    click.echo(render(result))
+    text = to_json(result) if output == "json" else (
+        to_yaml(result) if output == "yaml" else to_table(result))
+    click.echo(text)
     raise SystemExit(0 if result.fits else 1)

@@ -66,6 +66,12 @@ class RequestReport:
         return sum(1 for d in self.devices if d.reason is None)
 
     @property
+    def usable(self) -> int:
+        """Devices this request could take if it were alone in the claim."""
+        return sum(1 for d in self.devices
+                   if d.reason is None or d.reason.code in (CONSTRAINT, IN_CLAIM))
+
+    @property
     def matching(self) -> int:
         """Devices that pass the selectors (whatever else stops them)."""
         return sum(1 for d in self.devices

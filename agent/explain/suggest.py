@@ -10,6 +10,7 @@ from agent.explain.model import ALL, Claim
 from agent.explain.reasons import (
     CONSTRAINT,
     COUNTERS,
+    IN_CLAIM,
     NODE,
     SELECTOR,
     SELECTOR_ERROR,
@@ -30,9 +31,9 @@ def _at(v: DeviceVerdict) -> str:
 
 def _shortfall(r: RequestReport) -> str:
     need = r.needed if r.mode != ALL else max(r.matching, 1)
-    free = r.candidates
+    free = r.usable
     blocked = [v for v in r.devices if v.reason is not None
-               and v.reason.code not in (SELECTOR, SELECTOR_ERROR, NODE)]
+               and v.reason.code not in (SELECTOR, SELECTOR_ERROR, NODE, CONSTRAINT, IN_CLAIM)]
     if (r.mode == ALL and r.matching == 0) or r.matching < need:
         misses = Counter(str(v.reason.detail.get("failing")) for v in r.devices
                          if v.reason is not None and v.reason.code == SELECTOR
@@ -54,20 +55,22 @@ def _shortfall(r: RequestReport) -> str:
     return "; ".join(lines)
 
 
-def _constraint_hint(claim: Claim, reports: Sequence[RequestReport]) -> str | None:
+def _constraint_hint(claim: Claim, reports: Sequence[RequestReport], search: Search
+                     ) -> str | None:
     by_name = {r.request: r for r in reports}
+    devices = {e.device.id: e.device for e in search.entries}
     for c in claim.constraints:
         names = list(c.requests) or [r.request for r in reports]
         involved = [by_name[n] for n in names if n in by_name and by_name[n].status != "skipped"]
         if len(involved) < 2 or not c.match_attribute:
             continue
-        per_value: dict[str, dict[str, int]] = {}
+        per_value: dict[str, Counter[str]] = {}
         for r in involved:
             for v in r.devices:
-                if v.reason is None or v.reason.code == CONSTRAINT:
-                    key = v.where if c.attribute.endswith("pcieRoot") and v.where else None
-                    if key is not None:
-                        per_value.setdefault(key, Counter())[r.request] += 1
+                if v.reason is None or v.reason.code in (CONSTRAINT, IN_CLAIM):
+                    found = devices[(v.driver, v.pool, v.device)].attribute(c.attribute)
+                    if found is not None:
+                        per_value.setdefault(str(found[1]), Counter())[r.request] += 1
         if not per_value:
             return (f"constraint matchAttribute {c.attribute}: the free devices of requests "
                     f"{', '.join(r.request for r in involved)} have no common value")
@@ -100,11 +103,11 @@ def suggest(claim: Claim, reports: Sequence[RequestReport], pools: Sequence[Pool
     for r in reports:
         by_base.setdefault(r.request.split("/")[0], []).append(r)
     for alts in by_base.values():
-        feasible = [r for r in alts if r.candidates >= (r.needed if r.mode != ALL else 1)]
+        feasible = [r for r in alts if r.usable >= (r.needed if r.mode != ALL else 1)]
         if not feasible:
-            best = min(alts, key=lambda r: r.needed - r.candidates)
+            best = min(alts, key=lambda r: r.needed - r.usable)
             return _shortfall(best)
-    hint = _constraint_hint(claim, reports)
+    hint = _constraint_hint(claim, reports, search)
     if hint:
         return hint
     for r in reports:
