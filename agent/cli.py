@@ -14,6 +14,7 @@ import click
 #: command name -> "module:attribute" of its click command.
 COMMANDS: dict[str, str] = {
     "version": "agent.commands.version:command",
+    "cdi": "agent.commands.cdi:command",
     "claims": "agent.commands.claims:command",
     "discover": "agent.commands.discover:command",
     "explain": "agent.commands.explain:command",

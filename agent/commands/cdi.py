@@ -1,0 +1,178 @@
+"""``dra-agent cdi generate``: a static CDI spec for this node's devices.
+
+For hosts that run containers without Kubernetes (podman, Docker with CDI, systemd units), as
+``nvidia-ctk cdi generate`` does for NVIDIA GPUs only. Device names are the inventory names;
+every device also carries ``DRA_AGENT_DEVICE_<NAME>_*`` env entries saying what it is.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from agent.config import common_options, pop_config
+
+if TYPE_CHECKING:
+    from cdi.edits import EditsProvider
+    from cdi.spec import Spec
+    from discovery.model import Device, Inventory
+
+DEFAULT_CLASS = "device"
+
+
+class GenerateError(click.ClickException):
+    """Devices that cannot be put in the spec; exit code 1, one line per device."""
+
+
+def select_devices(inventory: Inventory, names: Sequence[str]) -> list[Device]:
+    """The named devices in the order given (all devices, sorted, when none are named)."""
+    by_name = inventory.by_name()
+    if not names:
+        return [by_name[n] for n in sorted(by_name)]
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        known = ", ".join(sorted(by_name)) or "none"
+        raise click.UsageError(f"unknown device(s) {', '.join(unknown)}; this node has: {known}")
+    return [by_name[n] for n in dict.fromkeys(names)]
+
+
+def generate_spec(
+    devices: Sequence[Device], provider: EditsProvider, kind: str, *, netdev: bool = False
+) -> Spec:
+    """One spec holding ``devices``; ``GenerateError`` lists every device that cannot be used.
+
+    The shared edits go to the spec level only when every device needs exactly them (a GPU-only
+    node); otherwise each device carries its own share, so asking for a NIC never mounts the
+    NVIDIA driver.
+    """
+    from cdi.edits import describe_env
+    from cdi.errors import DeviceEditsError
+    from cdi.spec import CDIDevice, ContainerEdits, Spec
+
+    if not devices:
+        raise GenerateError("no devices to put in a CDI spec")
+    problems: list[str] = []
+    own: list[tuple[Device, ContainerEdits, ContainerEdits]] = []
+    for device in devices:
+        try:
+            edits = provider.edits_for(device, move_netdev=netdev)
+            shared = provider.common_edits_for([device])
+        except DeviceEditsError as err:
+            problems.append(str(err))
+            continue
+        own.append((device, ContainerEdits(env=describe_env(device)).merge(edits), shared))
+    if problems:
+        raise GenerateError("cannot generate a CDI spec:\n  " + "\n  ".join(problems))
+    first_shared = own[0][2]
+    spec_level = all(shared == first_shared for _, _, shared in own)
+    cdi_devices = tuple(
+        CDIDevice(d.name, edits if spec_level else shared.merge(edits)) for d, edits, shared in own
+    )
+    return Spec(kind, cdi_devices, first_shared if spec_level else ContainerEdits())
+
+
+def render(spec: Spec, output: str) -> str:
+    if output == "json":
+        return json.dumps(spec.to_dict(), indent=2)
+    import yaml
+
+    text: str = yaml.safe_dump(spec.to_dict(), sort_keys=False)
+    return text.rstrip("\n")
+
+
+@click.group(name="cdi")
+def command() -> None:
+    """CDI (Container Device Interface) specs for this node's devices."""
+
+
+@command.command("generate")
+@click.option(
+    "--device",
+    "device_names",
+    multiple=True,
+    metavar="NAME",
+    help="A device to include (repeatable) [default: all]",
+)
+@click.option(
+    "-o", "--output", type=click.Choice(["json", "yaml"]), default="yaml", show_default=True
+)
+@click.option(
+    "--driver-root",
+    type=click.Path(path_type=Path),
+    default=Path("/"),
+    show_default=True,
+    help="Where the NVIDIA driver installation is mounted",
+)
+@click.option(
+    "--dev-root",
+    type=click.Path(path_type=Path),
+    default=Path("/dev"),
+    show_default=True,
+    help="Where the device nodes are",
+)
+@click.option(
+    "--hook-path",
+    metavar="PATH",
+    help="nvidia-cdi-hook or nvidia-ctk to use [default: found under the driver root]",
+)
+@click.option(
+    "--class",
+    "class_",
+    default=DEFAULT_CLASS,
+    show_default=True,
+    help="CDI class; the vendor is the driver name",
+)
+@click.option(
+    "--netdev/--no-netdev",
+    default=False,
+    show_default=True,
+    help="Move NIC interfaces into the container (needs a CDI 1.1.0 runtime)",
+)
+@common_options
+def generate(
+    *,
+    device_names: tuple[str, ...],
+    output: str,
+    driver_root: Path,
+    dev_root: Path,
+    hook_path: str | None,
+    class_: str,
+    netdev: bool,
+    **kwargs: Any,
+) -> None:
+    """Print a CDI spec for the devices of this node (all when none is named)."""
+    from agent.commands.discover import run_discovery
+    from agent.logs import setup_logging
+    from cdi.edits import EditsProvider
+    from cdi.errors import CDINameError
+    from cdi.names import validate_kind
+    from discovery.simulate import ProfileError
+
+    cfg = pop_config(kwargs)
+    setup_logging(cfg.log_format, cfg.verbosity)
+    kind = f"{cfg.driver_name}/{class_}"
+    try:
+        validate_kind(kind)
+    except CDINameError as err:
+        raise click.UsageError(str(err)) from err
+    with tempfile.TemporaryDirectory(prefix="dra-agent-sim-") as tmp:
+        try:
+            inventory = run_discovery(cfg, Path(tmp))
+        except ProfileError as err:
+            raise click.UsageError(str(err)) from err
+    for warning in inventory.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    provider = EditsProvider(
+        driver_root,
+        dev_root,
+        simulated=bool(cfg.simulate),
+        sysfs_root=cfg.sysfs_root,
+        hook_path=hook_path,
+    )
+    devices = select_devices(inventory, device_names)
+    click.echo(render(generate_spec(devices, provider, kind, netdev=netdev), output))
