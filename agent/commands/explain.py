@@ -6,6 +6,7 @@ Exit 0 fits, 1 does not fit, 2 bad input (a message pointing at the file and lin
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
@@ -36,8 +37,7 @@ def command(claim_file: str, class_files: tuple[str, ...], slices_from: str,
     cfg = pop_config(kwargs)
     try:
         if claim_file == "-":
-            stdin: Any = click.get_text_stream("stdin")
-            claims = load_text(str(stdin.read()), "<stdin>")
+            claims = load_text(sys.stdin.read(), "<stdin>")
         else:
             claims = load_file(claim_file)
         if len(claims) != 1:
