@@ -53,51 +53,61 @@ class APIClaimSource:
     itself (the version is not served) moves on to the next version.
     """
 
-    def __init__(self, api_client: Any, versions: Sequence[str] = CLAIM_API_VERSIONS) -> None:
+    def __init__(
+        self,
+        api_client: Any,
+        versions: Sequence[str] = CLAIM_API_VERSIONS,
+        timeout_s: float = 10.0,
+    ) -> None:
         self._api = api_client
+        #: Well under the kubelet's 45 s call deadline, so the claim still gets its own answer.
+        self.timeout_s = timeout_s
         self._versions = list(versions)
         self._lock = threading.Lock()
 
     def get(self, ref: ClaimRef) -> Mapping[str, Any]:
-        from kubernetes.client.exceptions import ApiException
-
         for version in list(self._versions):
             path = (
                 f"/apis/resource.k8s.io/{version}/namespaces/{ref.namespace}"
                 f"/resourceclaims/{ref.name}"
             )
             try:
-                resp = self._api.call_api(
-                    path, "GET", header_params={"Accept": "application/json"},
-                    auth_settings=["BearerToken"], _preload_content=False,
-                    _return_http_data_only=True,
+                method, url, headers, _, _ = self._api.param_serialize(
+                    "GET", path, header_params={"Accept": "application/json"},
+                    auth_settings=["BearerToken"],
                 )
-                return dict(json.loads(resp.data))
-            except ApiException as err:
-                if err.status == 404 and self._about_claim(err, ref):
-                    raise ClaimNotFoundError(
-                        str(ref), "not found in the API server (deleted?)"
-                    ) from err
-                if err.status == 404 and len(self._versions) > 1:
-                    with self._lock:
-                        if version in self._versions and len(self._versions) > 1:
-                            self._versions.remove(version)
-                    continue
-                raise ClaimFetchError(
-                    str(ref), f"GET from the API server failed: {err.status} {err.reason}"
-                ) from err
-            except Exception as err:  # connection refused, timeouts, bad JSON
+                resp = self._api.call_api(
+                    method, url, header_params=headers, _request_timeout=self.timeout_s
+                )
+                body = resp.read()
+            except Exception as err:  # connection refused, timeouts
                 raise ClaimFetchError(str(ref), f"GET from the API server failed: {err}") from err
+            if resp.status == 200:
+                try:
+                    return dict(json.loads(body))
+                except ValueError as err:
+                    raise ClaimFetchError(str(ref), f"the API server sent bad JSON: {err}") from err
+            if resp.status == 404 and self._about_claim(body, ref):
+                raise ClaimNotFoundError(str(ref), "not found in the API server (deleted?)")
+            if resp.status == 404 and len(self._versions) > 1:
+                with self._lock:
+                    if version in self._versions and len(self._versions) > 1:
+                        self._versions.remove(version)
+                continue
+            raise ClaimFetchError(
+                str(ref), f"GET from the API server failed: {resp.status} {resp.reason}"
+            )
         raise ClaimFetchError(str(ref), "the API server serves no resource.k8s.io version")
 
     @staticmethod
-    def _about_claim(err: Any, ref: ClaimRef) -> bool:
+    def _about_claim(body: bytes, ref: ClaimRef) -> bool:
+        """A 404 naming the claim means "no such claim"; any other 404 means "no such API"."""
         try:
-            body = json.loads(err.body or "{}")
+            status = json.loads(body or b"{}")
         except ValueError:
             return False
-        details = body.get("details") or {}
-        return bool(details.get("name") == ref.name)
+        details = status.get("details") or {} if isinstance(status, dict) else {}
+        return bool(details.get("name") == ref.name and details.get("kind") == "resourceclaims")
 
 
 @dataclass(frozen=True, slots=True)
