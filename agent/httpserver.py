@@ -107,6 +107,9 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "dra-agent"
     sys_version = ""
+    # Scrapers keep connections open; an idle or stalled one is dropped after this many
+    # seconds so it cannot pin a thread forever.
+    timeout = 60
 
     def do_GET(self) -> None:
         self._serve(send_body=True)
