@@ -295,7 +295,7 @@ def test_health_stream(kubelet: KubeletStandIn, make_plugin: MakePlugin) -> None
     assert first.devices[0].device.device_name == "gpu-0"
     assert first.devices[0].health == health.UNHEALTHY
     assert next(stream) == health.NodeWatchResourcesResponse()
-    stream.cancel()  # type: ignore[attr-defined]
+    stream.cancel()
     with pytest.raises(grpc.RpcError) as err:
         next(stream)
-    assert err.value.code() == grpc.StatusCode.CANCELLED  # type: ignore[attr-defined]
+    assert err.value.code() == grpc.StatusCode.CANCELLED

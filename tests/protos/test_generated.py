@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,13 @@ def test_committed_modules_match_a_fresh_generation(tmp_path: Path) -> None:
         env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable},
     )
     assert out.returncode == 0, out.stderr
+    # Generated code embeds the grpcio-tools version; a different one differs in every file.
+    tools = importlib.metadata.version("grpcio-tools")
+    stamp = (REPO / "protos/dra/v1/api_pb2_grpc.py").read_text()
+    assert f"GRPC_GENERATED_VERSION = '{tools}'" in stamp, (
+        f"installed grpcio-tools {tools} is not the one that generated the committed modules; "
+        "install that one or regenerate with hack/gen-protos.sh and commit"
+    )
     fresh = _generated(tmp_path)
     committed = _generated(REPO)
     assert sorted(fresh) == sorted(committed), "generated file set differs; run hack/gen-protos.sh"

@@ -13,7 +13,7 @@ device health stream, and wipes the node's ResourceSlices as a restarting kubele
 """
 
 from tests.fakes.kubelet.registry import PluginWatcher
-from tests.fakes.kubelet.standin import CALL_TIMEOUT, SERVICES, KubeletStandIn
+from tests.fakes.kubelet.standin import CALL_TIMEOUT, SERVICES, HealthStream, KubeletStandIn
 from tests.fakes.kubelet.types import (
     ClaimRef,
     DriverNotRegisteredError,
@@ -32,6 +32,7 @@ __all__ = [
     "SERVICES",
     "ClaimRef",
     "DriverNotRegisteredError",
+    "HealthStream",
     "KubeletError",
     "KubeletProtocolError",
     "KubeletStandIn",

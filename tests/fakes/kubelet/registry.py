@@ -242,18 +242,24 @@ class PluginWatcher:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self._reconcile(self._scan())
+                desired = self._scan()
+                if desired is not None:
+                    self._reconcile(desired)
             except Exception:  # one bad pass must not end the watcher; the next pass retries
                 log.exception("kubelet stand-in reconcile failed")
             self._stop.wait(self.poll_interval)
 
-    def _scan(self) -> dict[Path, Identity]:
-        """Desired state: every socket under the registry dir (recursively), not hidden ones."""
+    def _scan(self) -> dict[Path, Identity] | None:
+        """Desired state: every socket under the registry dir (recursively), not hidden ones.
+
+        None when the directory could not be read this time (a subdirectory vanished during the
+        walk, say); an empty answer would deregister every plugin.
+        """
         found: dict[Path, Identity] = {}
         try:
             entries = list(self.registry_dir.rglob("*"))
-        except FileNotFoundError:
-            return found
+        except OSError:
+            return None
         for path in entries:
             if path.name.startswith("."):
                 continue

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -45,6 +45,14 @@ _CDI_ID = re.compile(
     r"/[A-Za-z]([A-Za-z0-9_-]*[A-Za-z0-9])?"  # class
     r"=[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?"  # device name
 )
+
+
+class HealthStream(Protocol):
+    """The server-streaming call: responses as they come; ``cancel()`` ends the stream."""
+
+    def __iter__(self) -> Iterator[health.NodeWatchResourcesResponse]: ...
+    def __next__(self) -> health.NodeWatchResourcesResponse: ...
+    def cancel(self) -> bool: ...
 
 
 class KubeletStandIn(PluginWatcher):
@@ -121,9 +129,7 @@ class KubeletStandIn(PluginWatcher):
 
     # --- health ---------------------------------------------------------------------------
 
-    def health_stream(
-        self, driver: str, timeout: float | None = None
-    ) -> Iterator[health.NodeWatchResourcesResponse]:
+    def health_stream(self, driver: str, timeout: float | None = None) -> HealthStream:
         """Open NodeWatchResources (v1alpha1) on the driver's endpoint.
 
         The result is the grpc call itself: iterate it for responses; ``cancel()`` closes the
@@ -132,7 +138,7 @@ class KubeletStandIn(PluginWatcher):
         """
         _, channel = self._connection(driver)
         stub = health_grpc.DRAResourceHealthStub(channel)
-        stream: Iterator[health.NodeWatchResourcesResponse] = stub.NodeWatchResources(
+        stream: HealthStream = stub.NodeWatchResources(
             health.NodeWatchResourcesRequest(), timeout=timeout
         )
         return stream
