@@ -62,7 +62,7 @@ def test_kubeconfig_env_then_home(tmp_path: Path) -> None:
 
 
 def test_missing_file_names_the_source(tmp_path: Path) -> None:
-    with pytest.raises(KubeConfigError, match="kubeconfig .*/nope: file not found"):
+    with pytest.raises(KubeConfigError, match=r"kubeconfig .*/nope: file not found"):
         api_client(str(tmp_path / "nope"))
 
 
