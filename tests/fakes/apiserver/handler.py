@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import select
 import socket
 import threading
 import traceback
@@ -73,6 +74,7 @@ class APIRequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: APIServerHTTP
     server_version = "fake-kube-apiserver"
+    _pending_record: tuple[str, str, str, dict[str, str]] | None = None
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http %s", format % args)
@@ -113,8 +115,16 @@ class APIRequestHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _record(self, status: int) -> None:
+        pending, self._pending_record = self._pending_record, None
+        if pending is not None:
+            verb, method, path, params = pending
+            self.server.engine.record(verb, method, path, status, params)
+
     # WatchSink
     def start_stream(self) -> None:
+        # Record a watch when it starts: a long stream is part of the count while it runs.
+        self._record(200)
         self.send_response(200)
         self.send_header("Content-Type", "application/json;stream=watch")
         self.send_header("Transfer-Encoding", "chunked")
@@ -128,6 +138,14 @@ class APIRequestHandler(BaseHTTPRequestHandler):
     def end_stream(self) -> None:
         self.wfile.write(b"0\r\n\r\n")
         self.close_connection = True
+
+    def client_gone(self) -> bool:
+        """A watch client that closed its end: the socket reads EOF without blocking."""
+        try:
+            ready, _, _ = select.select([self.connection], [], [], 0)
+            return bool(ready) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def abort(self) -> None:
         self.close_connection = True
@@ -150,6 +168,7 @@ class APIRequestHandler(BaseHTTPRequestHandler):
         parts = [p for p in split.path.split("/") if p != ""]
         route = parse_resource_path(parts, engine.resources, engine.served_versions)
         verb = classify(method, route, params)
+        self._pending_record = (verb, method, split.path, params)
         status = 500
         try:
             body = self._read_body()
@@ -187,7 +206,7 @@ class APIRequestHandler(BaseHTTPRequestHandler):
             except OSError:
                 self.close_connection = True
         finally:
-            engine.record(verb, method, split.path, status, params)
+            self._record(status)
 
     def _non_resource(self, method: str, parts: list[str]) -> tuple[int, Any]:
         engine = self.server.engine

@@ -19,6 +19,7 @@ from .store import Event, TooOldError
 Obj = dict[str, Any]
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 TOO_LARGE_WAIT_S = 3.0
+CLIENT_CHECK_S = 0.25
 
 
 class WatchSink(Protocol):
@@ -31,6 +32,8 @@ class WatchSink(Protocol):
     def end_stream(self) -> None: ...
 
     def abort(self) -> None: ...
+
+    def client_gone(self) -> bool: ...
 
 
 class WatchControl(Protocol):
@@ -231,8 +234,12 @@ class WatchStream:
                     if now >= deadline or (bookmarks and now >= next_bookmark):
                         bookmark_rv = store.rv
                         break
+                    if self.sink.client_gone():
+                        self.sink.abort()
+                        return
                     wake = min(deadline, next_bookmark) if bookmarks else deadline
-                    store.cond.wait(timeout=max(0.0, wake - now))
+                    # Wake at least every CLIENT_CHECK_S to notice a client that went away.
+                    store.cond.wait(timeout=min(CLIENT_CHECK_S, max(0.0, wake - now)))
             for ev in events if bookmark_rv is None else []:
                 out = self._translate(ev)
                 if out is not None:
