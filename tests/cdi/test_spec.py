@@ -265,3 +265,39 @@ def test_names_we_accept_the_reference_library_accepts(checker: Checker, tmp_pat
     out = checker.validate(path)
     for n in names:
         assert f"Vendor_x-y.io/class_x-y={n}" in out
+
+
+_path = st.from_regex(r"/[a-z0-9_.-]{1,12}(/[a-z0-9_.-]{1,12}){0,3}", fullmatch=True)
+_env = st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}=[ -~]{0,20}", fullmatch=True)
+_edits = st.builds(
+    ContainerEdits,
+    env=st.lists(_env, max_size=3).map(tuple),
+    device_nodes=st.lists(
+        st.builds(DeviceNode, path=_path, host_path=st.none() | _path,
+                  type=st.none() | st.sampled_from(["c", "b", "u", "p"]),
+                  major=st.none() | st.integers(0, 4095), minor=st.none() | st.integers(0, 2**20),
+                  file_mode=st.none() | st.integers(0, 0o777),
+                  permissions=st.none() | st.sampled_from(["r", "rw", "rwm", "m"])),
+        max_size=3, unique_by=lambda n: n.path,
+    ).map(tuple),
+    mounts=st.lists(st.builds(Mount, host_path=_path, container_path=_path,
+                              options=st.lists(st.sampled_from(["ro", "rbind", "nosuid"]),
+                                               max_size=3).map(tuple)),
+                    max_size=3).map(tuple),
+    hooks=st.lists(st.builds(Hook, hook_name=st.sampled_from(sorted(["createContainer",
+                                                                     "poststop"])),
+                             path=_path, args=st.lists(st.text(max_size=5), max_size=3).map(tuple)),
+                   max_size=2).map(tuple),
+)  # fmt: skip
+
+
+@given(device_edits=_edits, common=_edits, name=st.from_regex(r"[a-z0-9]{1,8}", fullmatch=True))
+def test_any_valid_spec_round_trips_through_json(
+    device_edits: ContainerEdits, common: ContainerEdits, name: str
+) -> None:
+    if device_edits.is_empty():
+        device_edits = ENV
+    spec = Spec("vendor.io/gpu", (CDIDevice(name, device_edits),), common)
+    text = json.dumps(spec.to_dict())
+    assert Spec.from_dict(json.loads(text)) == spec
+    assert json.dumps(Spec.from_dict(json.loads(text)).to_dict()) == text
