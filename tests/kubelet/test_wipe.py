@@ -116,3 +116,39 @@ def test_wipe_needs_client_and_node(
     kubelet = KubeletStandIn(root, api_client=api_client if with_client else None, node_name=node)
     with pytest.raises(RuntimeError, match="api_client and a node_name"):
         kubelet.wipe_slices()
+
+
+def slice_body(name: str, node: str, driver: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
+
+
+def test_wipe_through_the_fake_api_server(root: Path) -> None:
+    # The same call against the project's fake kube-apiserver: only this node's slices go.
+    from tests.fakes.apiserver import FakeAPIServer
+
+    with FakeAPIServer() as srv, srv.api_client() as api:
+        objects = k8s.CustomObjectsApi(api)
+        for name, node, driver in [
+            ("a-gpu", "node-a", "gpu.example.com"),
+            ("a-nic", "node-a", "nic.example.com"),
+            ("b-gpu", "node-b", "gpu.example.com"),
+        ]:
+            objects.create_cluster_custom_object(
+                "resource.k8s.io", "v1", "resourceslices", slice_body(name, node, driver)
+            )
+        kubelet = KubeletStandIn(root, api_client=api, node_name="node-a")
+        assert kubelet.wipe_slices("nic.example.com") == 1
+        assert kubelet.wipe_slices() == 1
+        left = objects.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")
+        assert [s["metadata"]["name"] for s in left["items"]] == ["b-gpu"]
+        assert kubelet.wipe_slices() == 0
