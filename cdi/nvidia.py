@@ -117,6 +117,12 @@ def _hookless_library_mounts(driver: DriverRoot, host_root: Path) -> list[Mount]
         name = os.path.basename(link)
         mounts.append(_file_mount(host_root, lib.file, link))
         mounts.append(_file_mount(host_root, lib.file, f"{HOOKLESS_LIB_DIR}/{name}"))
+    for lib in driver.libraries:
+        # A library loaded by its full versioned name (libnvidia-gpucomp) must be found in
+        # the dedicated dir too, for images whose default dirs differ from the host's.
+        name = os.path.basename(lib.file.path)
+        if lib.soname in (None, name):
+            mounts.append(_file_mount(host_root, lib.file, f"{HOOKLESS_LIB_DIR}/{name}"))
     return mounts
 
 

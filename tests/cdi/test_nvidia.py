@@ -82,6 +82,7 @@ def test_hookless_gpu_spec_injects_nodes_libraries_tools_and_soname_mounts(
         "/usr/local/nvidia/lib64/libvdpau_nvidia.so.1",
         f"{LIB_DIR}/libcuda.so",
         "/usr/local/nvidia/lib64/libcuda.so",
+        f"/usr/local/nvidia/lib64/libnvidia-gpucomp.so.{RM}",  # no SONAME of its own
         *(f"{d}/{t}" for d in ("/usr/bin", "/usr/local/nvidia/bin")
           for t in ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced")),
         f"/lib/firmware/nvidia/{RM}/gsp_ga10x.bin",
