@@ -9,7 +9,6 @@ only when nothing at all could be read.
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,11 +82,11 @@ def command(output: str, topology: bool, **kwargs: Any) -> None:
     from discovery.report import table
     from discovery.report import topology as topology_view
     from discovery.scan import SYSFS_UNREADABLE
-    from discovery.simulate import ProfileError
+    from discovery.simulate import ProfileError, scratch_dir
 
     cfg = pop_config(kwargs)
     setup_logging(cfg.log_format, cfg.verbosity)
-    with tempfile.TemporaryDirectory(prefix="dra-agent-sim-") as tmp:
+    with scratch_dir() as tmp:
         try:
             inventory = run_discovery(cfg, Path(tmp))
         except ProfileError as err:

@@ -12,7 +12,12 @@ from discovery.simulate.fake_nvml import (
     FakeNvml,
     GiProfile,
 )
-from discovery.simulate.profiles import PROFILES, ProfileError, simulated_sources
+from discovery.simulate.profiles import (
+    PROFILES,
+    ProfileError,
+    scratch_dir,
+    simulated_sources,
+)
 
 __all__ = [
     "A100_80GB_PROFILES",
@@ -23,5 +28,6 @@ __all__ = [
     "FakeNvml",
     "GiProfile",
     "ProfileError",
+    "scratch_dir",
     "simulated_sources",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from copy import deepcopy
 from pathlib import Path
 from typing import Any
@@ -12,7 +12,7 @@ import pytest
 
 from discovery.model import Inventory
 from discovery.scan import DiscoveryOptions, discover
-from discovery.simulate import simulated_sources
+from discovery.simulate import scratch_dir, simulated_sources
 from discovery.sources import Sources
 from tests.conftest import REPO
 
@@ -20,12 +20,26 @@ SWAGGER = REPO / "tests" / "data" / "k8s-openapi" / "swagger-release-1.36.json"
 
 
 @pytest.fixture(scope="session")
-def profile_sources(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Sources]:
+def scratch() -> Iterator[Path]:
+    """A tmpfs work dir when available: profiles are thousands of small files."""
+    with scratch_dir() as tmp:
+        yield Path(tmp)
+
+
+@pytest.fixture
+def workdir(scratch: Path, request: pytest.FixtureRequest) -> Path:
+    path = scratch / request.node.name
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="session")
+def profile_sources(scratch: Path) -> Callable[[str], Sources]:
     cache: dict[str, Sources] = {}
 
     def get(profile: str) -> Sources:
         if profile not in cache:
-            cache[profile] = simulated_sources(profile, tmp_path_factory.mktemp(profile))
+            cache[profile] = simulated_sources(profile, scratch / f"session-{profile}")
         return cache[profile]
 
     return get
