@@ -30,7 +30,7 @@ def _at(v: DeviceVerdict) -> str:
 
 
 def _shortfall(r: RequestReport) -> str:
-    need = r.needed if r.mode != ALL else max(r.matching, 1)
+    need = max(r.needed, 1)  # All mode: every matching device (none matching: at least one)
     free = r.usable
     blocked = [v for v in r.devices if v.reason is not None
                and v.reason.code not in (SELECTOR, SELECTOR_ERROR, NODE, CONSTRAINT, IN_CLAIM)]
@@ -103,7 +103,7 @@ def suggest(claim: Claim, reports: Sequence[RequestReport], pools: Sequence[Pool
     for r in reports:
         by_base.setdefault(r.request.split("/")[0], []).append(r)
     for alts in by_base.values():
-        feasible = [r for r in alts if r.usable >= (r.needed if r.mode != ALL else 1)]
+        feasible = [r for r in alts if r.usable >= max(r.needed, 1)]
         if not feasible:
             best = min(alts, key=lambda r: r.needed - r.usable)
             return _shortfall(best)

@@ -44,15 +44,19 @@ def parse_quantity(text: object) -> Fraction:
 
 
 def format_quantity(value: Fraction) -> str:
-    """A short canonical spelling: binary suffixes for whole multiples of 1024, else decimal."""
+    """The shortest spelling with a binary or decimal suffix ("80Gi", "40G", "500m")."""
     if value.denominator == 1:
         n = value.numerator
+        spellings = [str(n)]
         if n != 0:
-            for suffix, power in sorted(_BINARY.items(), key=lambda kv: -kv[1]):
-                unit = 1024**power
-                if n % unit == 0:
-                    return f"{n // unit}{suffix}"
-        return str(n)
+            for suffix, power in _BINARY.items():
+                if n % int(1024**power) == 0:
+                    spellings.append(f"{n // int(1024**power)}{suffix}")
+            for suffix, exp in _DECIMAL.items():
+                if exp > 0 and n % int(10**exp) == 0:
+                    spellings.append(f"{n // int(10**exp)}{suffix}")
+        # The shortest spelling: "1Ki" rather than "1024", "40G" rather than "39062500Ki".
+        return min(reversed(spellings), key=len)
     milli = value * 1000
     if milli.denominator == 1:
         return f"{milli.numerator}m"

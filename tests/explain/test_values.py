@@ -1,3 +1,4 @@
+import itertools
 from fractions import Fraction
 
 import pytest
@@ -35,7 +36,7 @@ def test_semver_precedence_follows_the_spec():
     order = ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2",
              "1.0.0-beta.11", "1.0.0-rc.1", "1.0.0", "1.2.0", "10.0.0"]
     parsed = [parse_semver(v) for v in order]
-    for a, b in zip(parsed, parsed[1:], strict=False):
+    for a, b in itertools.pairwise(parsed):
         assert a.compare(b) == -1 and b.compare(a) == 1
     assert parse_semver("1.2.3+build.5").compare(parse_semver("1.2.3")) == 0
 
