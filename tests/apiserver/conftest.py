@@ -91,3 +91,22 @@ def make_claim(name: str = "claim", namespace: str = "default") -> dict[str, Any
 def make_node(name: str = "node-a") -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
         "kubernetes.io/hostname": name}}}
+
+
+def send(
+    api_client: client.ApiClient,
+    method: str,
+    path: str,
+    body: Any = None,
+    content_type: str = "application/json",
+    query: list[tuple[str, str]] | None = None,
+) -> tuple[int, dict[str, str], Any]:
+    """Send a body the typed client would refuse to build (the client validates dict bodies
+    against its models), through the same ApiClient: (status, headers, decoded JSON body)."""
+    m, url, headers, data, _ = api_client.param_serialize(
+        method, path, query_params=query or [], header_params={"Content-Type": content_type},
+        body=body)
+    resp = api_client.call_api(m, url, header_params=headers, body=data)
+    resp.read()
+    payload = json.loads(resp.data) if resp.data else None
+    return resp.status, dict(resp.getheaders()), payload

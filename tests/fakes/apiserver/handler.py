@@ -62,6 +62,10 @@ class APIServerHTTP(ThreadingHTTPServer):
             self._conns.discard(request)
         super().shutdown_request(request)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up (reset, broken pipe) is normal for a server; say so quietly.
+        log.debug("connection from %s ended: %s", client_address, traceback.format_exc())
+
     def cut_connections(self) -> None:
         with self._conns_lock:
             conns = list(self._conns)
