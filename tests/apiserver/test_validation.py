@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from tests.apiserver.conftest import fails, make_slice, raw, send
+from tests.fakes.apiserver import FakeAPIServer
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-from tests.fakes.apiserver import FakeAPIServer
 
 
 def _causes(rapi: client.ResourceV1Api, body: dict[str, Any]) -> list[tuple[str, str]]:
