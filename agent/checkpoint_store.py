@@ -122,18 +122,23 @@ class CheckpointStore:
         with self._locked():
             return dict(self._read_locked().claims)
 
-    def update(self, change: Callable[[Claims], T]) -> T:
+    def update(self, change: Callable[[Claims], T], *, durable: bool = True) -> T:
         """Apply ``change`` to the records and write the result if anything changed.
 
         ``change`` mutates the dict it is given and may return a value, which is passed back.
-        If it raises, nothing is written.
+        If it raises, nothing is written. With ``durable=False`` the change is only visible to
+        later updates (and written with the next durable one): used for PrepareStarted, whose
+        durable evidence is the claim's CDI spec (see ``DevicePreparer.prepare``).
         """
         with self._locked():
             data = self._read_locked()
             claims = dict(data.claims)
             result = change(claims)
             if claims != dict(data.claims):
-                self._write_locked(data.with_claims(claims))
+                if durable:
+                    self._write_locked(data.with_claims(claims))
+                else:
+                    self._cache = data.with_claims(claims)
             return result
 
     # -- internals ------------------------------------------------------------------------

@@ -186,7 +186,12 @@ class DevicePreparer:
             self._check_free(ref, results, claims)
             claims[ref.uid] = record
 
-        self._checkpoint(ref, start)
+        # The PrepareStarted record reserves the devices at once (atomically with the check
+        # above) but is not fsynced on its own: until PrepareCompleted is durable, the only
+        # thing on disk is the claim's CDI spec, named by its UID, and start-up removes a spec
+        # that no completed record explains. That is the same roll-back, one durable write
+        # cheaper. A preparation with host side effects beyond the spec must make it durable.
+        self._checkpoint(ref, start, durable=False)
         try:
             if spec_devices:
                 self._write_spec(ref, spec_devices)
@@ -307,9 +312,14 @@ class DevicePreparer:
                 str(ref), f"cannot write CDI spec {self.specs.path(ref.uid)}: {err}"
             ) from err
 
-    def _checkpoint(self, ref: ClaimRef, change: Callable[[dict[str, ClaimRecord]], None]) -> None:
+    def _checkpoint(
+        self,
+        ref: ClaimRef,
+        change: Callable[[dict[str, ClaimRecord]], None],
+        durable: bool = True,
+    ) -> None:
         try:
-            self.checkpoint.update(change)
+            self.checkpoint.update(change, durable=durable)
         except CheckpointWriteError as err:
             raise CheckpointUnavailableError(str(ref), str(err)) from err
 
