@@ -74,7 +74,7 @@ def driver_edits(driver: DriverRoot, host_root: Path) -> ContainerEdits:
     hooks: list[Hook] = []
     hook = driver.hook
     for lib in driver.libraries:
-        mounts.append(_file_mount(host_root, lib.file, lib.file.path))
+        mounts.append(_file_mount(host_root, lib.file, lib.file.link_path))
     if hook is None:
         mounts += _hookless_library_mounts(driver, host_root)
     for binary in driver.binaries:
@@ -95,7 +95,7 @@ def _links(driver: DriverRoot) -> list[tuple[str, str]]:
     """(target, link) pairs a container needs: SONAME links and ``libcuda.so``."""
     links: list[tuple[str, str]] = []
     for lib in driver.libraries:
-        folder, name = os.path.split(lib.file.path)
+        folder, name = os.path.split(lib.file.link_path)
         if lib.soname and lib.soname != name:
             links.append((name, f"{folder}/{lib.soname}"))
             # Many programs dlopen("libcuda.so") although only the SONAME is an ABI promise.
@@ -108,7 +108,7 @@ def _hookless_library_mounts(driver: DriverRoot, host_root: Path) -> list[Mount]
     # No hook can create links or refresh the ld cache, so bind the real file again under
     # each name a program may look for: beside it (a default search dir on the host's distro
     # family) and in /usr/local/nvidia/lib64 (on CUDA images' LD_LIBRARY_PATH).
-    by_name = {os.path.basename(lib.file.path): lib for lib in driver.libraries}
+    by_name = {os.path.basename(lib.file.link_path): lib for lib in driver.libraries}
     mounts: list[Mount] = []
     for target, link in _links(driver):
         lib = by_name.get(target) or next((x for x in driver.libraries if x.soname == target), None)
@@ -120,17 +120,18 @@ def _hookless_library_mounts(driver: DriverRoot, host_root: Path) -> list[Mount]
     for lib in driver.libraries:
         # A library loaded by its full versioned name (libnvidia-gpucomp) must be found in
         # the dedicated dir too, for images whose default dirs differ from the host's.
-        name = os.path.basename(lib.file.path)
+        name = os.path.basename(lib.file.link_path)
         if lib.soname in (None, name):
             mounts.append(_file_mount(host_root, lib.file, f"{HOOKLESS_LIB_DIR}/{name}"))
     return mounts
 
 
 def _hooks(driver: DriverRoot, hook: HookBinary, host_root: Path) -> list[Hook]:
+    # The runtime runs the hook on the host, so the path is the host's view of it.
+    path = _host(host_root, hook.path) if hook.under_root else hook.path
+
     def make(subcommand: str, *args: str) -> Hook:
-        return Hook(
-            "createContainer", _host(host_root, hook.path), hook.argv(subcommand, *args), HOOK_ENV
-        )
+        return Hook("createContainer", path, hook.argv(subcommand, *args), HOOK_ENV)
 
     hooks: list[Hook] = []
     link_args = [a for target, link in _links(driver) for a in ("--link", f"{target}::{link}")]

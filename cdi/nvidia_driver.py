@@ -103,6 +103,7 @@ class HookBinary:
 
     path: str  # host-absolute
     version: tuple[int, int, int] | None  # None when ``--version`` could not be read
+    under_root: bool = True  # found under the driver root (else: a path on this machine)
 
     def argv(self, subcommand: str, *args: str) -> tuple[str, ...]:
         name = os.path.basename(self.path)
@@ -129,7 +130,7 @@ class DriverRoot:
 
     @property
     def library_dirs(self) -> tuple[str, ...]:
-        return tuple(sorted({os.path.dirname(lib.file.path) for lib in self.libraries}))
+        return tuple(sorted({os.path.dirname(lib.file.link_path) for lib in self.libraries}))
 
     @classmethod
     def discover(
@@ -292,6 +293,13 @@ def _hook(root: Path, hook_path: str | None) -> HookBinary | None:
         here = in_root(root, candidate)
         if here.is_file() and os.access(here, os.X_OK):
             return HookBinary(path=candidate, version=probe_hook_version(here))
+    if hook_path is not None:
+        # An explicit hook outside the driver root (the toolkit installed on the host while
+        # the driver lives in a driver container): the path is the same for the runtime.
+        here = Path(hook_path)
+        if not here.is_absolute() or not here.is_file() or not os.access(here, os.X_OK):
+            raise DriverNotFoundError(f"hook binary {hook_path} not found or not executable")
+        return HookBinary(path=hook_path, version=probe_hook_version(here), under_root=False)
     return None
 
 
