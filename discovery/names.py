@@ -41,7 +41,7 @@ def sanitize(name: str, source: str = "") -> str:
     if len(out) > 63:
         digest = hashlib.sha256(name.encode()).hexdigest()[:8]
         out = out[:54].rstrip("-") + "-" + digest
-    log.info("device name sanitised", extra={"original": name, "name": out, "source": source})
+    log.info("device name sanitised", extra={"original": name, "device": out, "source": source})
     return out
 
 
