@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -101,10 +102,10 @@ def test_unreadable_attribute_file_is_logged_not_fatal(
     assert _logged_file(caplog, speed)
 
 
-def test_device_removed_mid_scan_is_skipped(workdir: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_device_removed_mid_scan_is_skipped(
+    workdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     _mini(workdir)
-    import shutil
-
     shutil.rmtree(_dev(workdir, "0000:02:00.0"))  # the bus link now dangles
     vendorless = _dev(workdir, "0000:04:00.0")
     (vendorless / "vendor").unlink()  # half torn down
@@ -210,7 +211,7 @@ def test_real_nvml_library_missing_is_mapped_to_library_not_found() -> None:
 
 
 def test_nvml_errors_are_translated_by_return_code() -> None:
-    class NVMLError_GpuIsLost(Exception):  # noqa: N801 - pynvml's own naming
+    class NVMLError_GpuIsLost(Exception):  # noqa: N801, N818 - pynvml's own naming
         value = 15
 
     class Module:

@@ -112,7 +112,7 @@ def test_irrelevant_events_do_not_rescan(sriov: Sources) -> None:
         _wait(lambda: len(h.changes) == 1)
         h.events.push("block", "add", count=3)
         h.events.push("pci", "online")
-        _wait(lambda: h.events.queue.empty())
+        _wait(h.events.queue.empty)
         time.sleep(0.1)
         assert h.watcher.scans == 1
     finally:
