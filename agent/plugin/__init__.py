@@ -156,7 +156,13 @@ class PluginServer:
         self._dra = server
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Stop registration first (the kubelet stops sending), then the DRA service."""
+        """Stop registration first (the kubelet stops sending), then the DRA service.
+
+        A no-op unless this instance holds the instance lock: the sockets at these paths
+        would otherwise belong to the agent that does.
+        """
+        if not self._lock.held:
+            return
         self.registration.stop(min(grace_s, 1.0))
         if self._dra is not None:
             self._dra.stop(grace_s).wait()

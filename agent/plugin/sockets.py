@@ -132,6 +132,10 @@ class InstanceLock:
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
 
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)

@@ -225,8 +225,31 @@ def test_second_agent_on_the_node_fails_fast(node: Node) -> None:
     other = node.new_server()
     with pytest.raises(AlreadyRunningError, match="already serves"):
         other.start()
+    other.stop(0)  # must not touch the running agent's sockets
+    assert node.server.paths.registration.exists()
     assert node.server.serving  # the running agent keeps its sockets
     assert os.path.exists(node.server.paths.dra)
+
+
+def test_restart_after_crash_replaces_stale_sockets(short_root: Path) -> None:
+    import socket
+
+    n = build_node(short_root)
+    try:
+        n.server.stop(0)
+        stale = []
+        for path in (n.server.paths.dra, n.server.paths.registration):
+            s = socket.socket(socket.AF_UNIX)
+            s.bind(str(path))  # left behind by a SIGKILLed agent: nobody answers
+            stale.append(s)
+        n.restart()
+        claim = n.book.put(make_claim("c1", ["gpu-0"]))
+        assert n.prepare(claim)[claim["metadata"]["uid"]].ok
+        for s in stale:
+            s.close()
+    finally:
+        n.kubelet.stop()
+        n.server.stop(0)
 
 
 def test_stop_removes_both_sockets(short_root: Path) -> None:
