@@ -170,3 +170,26 @@ def test_store_written_by_two_instances_stays_consistent(tmp_path: Path) -> None
     assert b.claims() == {} and a.claims() == {}
     assert CheckpointData() == decode(encode(CheckpointData()))
     assert ClaimRef("a", "b", "c").uid == "c"
+
+
+def test_one_claim_shared_by_pods_prepared_concurrently_gives_one_answer(node: Node) -> None:
+    claim = node.book.put(make_claim("shared", ["gpu-6", "gpu-7"]))
+    uid = claim["metadata"]["uid"]
+    answers: list[object] = []
+
+    def pod_sync() -> None:
+        answers.append(node.prepare(claim)[uid])
+
+    threads = [threading.Thread(target=pod_sync) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 8 and all(a == answers[0] for a in answers)
+    assert answers[0].ok  # type: ignore[attr-defined]
+    assert list(decode(node.checkpoint.read_bytes()).claims) == [uid]
+    samples = node.metrics.registry.get_sample_value
+    assert samples("dra_agent_requests_total",
+                   {"method": "NodePrepareResources", "result": "ok"}) == 8
+    assert samples("dra_agent_prepared_devices") == 2
+    assert samples("dra_agent_requests_in_flight", {"method": "NodePrepareResources"}) == 0
