@@ -113,19 +113,25 @@ def _dev_nodes(fn: PciFunction) -> tuple[str, ...]:
     return tuple(nodes)
 
 
-def _vf_index(fn: PciFunction, pci: Mapping[str, PciFunction]) -> int | None:
-    pf = pci.get(fn.physfn or "")
-    if pf is None:
-        return None
+def vf_indexes(pci: Mapping[str, PciFunction]) -> dict[str, int]:
+    """VF BDF -> its index under its PF, from the PFs' ``virtfn<N>`` links (read once)."""
+    out: dict[str, int] = {}
+    for pf in pci.values():
+        if not pf.sriov_num_vfs:
+            continue
+        for entry in _listdir(pf.path):
+            if entry.startswith("virtfn") and entry[len("virtfn"):].isdigit():
+                with contextlib.suppress(OSError):
+                    target = os.path.basename(os.readlink(pf.path / entry))
+                    out[target] = int(entry[len("virtfn"):])
+    return out
+
+
+def _listdir(path: Path) -> list[str]:
     try:
-        for entry in os.listdir(pf.path):
-            if entry.startswith("virtfn") and os.path.basename(
-                os.readlink(pf.path / entry)
-            ) == fn.bdf:
-                return int(entry[len("virtfn"):])
-    except (OSError, ValueError):
-        return None
-    return None
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def scan_nics(
@@ -138,6 +144,7 @@ def scan_nics(
     nic_filter: NicFilter = NicFilter(),
 ) -> NicScan:
     out = NicScan()
+    vf_index_of = vf_indexes(pci) if want_vf else {}
     for fn in _sorted(pci.values()):
         if not is_network(fn):
             continue
@@ -162,7 +169,7 @@ def scan_nics(
         attrs["isVF"] = is_vf
         if is_vf:
             attrs["parentPF"] = fn.physfn or ""
-            vf_index = _vf_index(fn, pci)
+            vf_index = vf_index_of.get(fn.bdf)
             if vf_index is not None:
                 attrs["vfIndex"] = vf_index
         if fn.sriov_total_vfs is not None:

@@ -64,10 +64,11 @@ class PciFunction:
         return self.pci_class is not None and self.pci_class >> 8 == 0x0604
 
 
-def read_text(path: Path) -> str | None:
+def read_text(path: Path | str) -> str | None:
     """A sysfs attribute without its newline, or None (logged) when it cannot be read."""
     try:
-        return path.read_text(errors="replace").strip()
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace").strip()
     except FileNotFoundError:
         return None
     except OSError as err:
@@ -76,7 +77,7 @@ def read_text(path: Path) -> str | None:
         return None
 
 
-def read_int(path: Path, base: int = 10) -> int | None:
+def read_int(path: Path | str, base: int = 10) -> int | None:
     """An integer attribute; a garbage value is logged with the file name and ignored."""
     text = read_text(path)
     if text is None or text == "":
@@ -89,14 +90,14 @@ def read_int(path: Path, base: int = 10) -> int | None:
         return None
 
 
-def _link_name(path: Path) -> str | None:
+def _link_name(path: Path | str) -> str | None:
     try:
         return os.path.basename(os.readlink(path))
     except OSError:
         return None
 
 
-def _list(path: Path) -> list[str]:
+def _list(path: Path | str) -> list[str]:
     try:
         return sorted(os.listdir(path))
     except OSError:
@@ -122,44 +123,50 @@ class Sysfs:
     def pci_addresses(self) -> list[str]:
         return [n for n in _list(self.root / "bus" / "pci" / "devices") if BDF_RE.match(n)]
 
-    def resolve(self, bdf: str) -> Path:
-        link = self.root / "bus" / "pci" / "devices" / bdf
+    def resolve(self, bdf: str) -> str:
+        link = os.path.join(self.root, "bus", "pci", "devices", bdf)
         try:
-            return Path(os.path.realpath(link, strict=True))
+            return os.path.realpath(link, strict=True)
         except OSError as err:
-            raise DeviceVanishedError(bdf, link) from err
+            raise DeviceVanishedError(bdf, Path(link)) from err
 
     def read_function(self, bdf: str) -> PciFunction:
-        """Everything we use about one function; raises DeviceVanishedError if it went away."""
+        """Everything we use about one function; raises DeviceVanishedError if it went away.
+
+        Only network and display functions are read in full; bridges and other functions
+        are needed for the topology alone, and skipping their files halves a rescan.
+        """
         real = self.resolve(bdf)
-        root, chain = parse_chain(real)
-        if not (real / "vendor").exists():
-            raise DeviceVanishedError(bdf, real / "vendor")
-        numa = read_int(real / "numa_node")
-        iommu = _link_name(real / "iommu_group")
-        net = tuple(_net_ifaces(real))
-        rdma = tuple(_list(real / "infiniband"))
-        uverbs = tuple(_list(real / "infiniband_verbs"))
-        drm = tuple(n for n in _list(real / "drm") if n.startswith(("card", "renderD")))
-        physfn = _link_name(real / "physfn")
+        j = os.path.join
+        root, chain = parse_chain(Path(real))
+        if not os.path.exists(j(real, "vendor")):
+            raise DeviceVanishedError(bdf, Path(real) / "vendor")
+        pci_class = read_int(j(real, "class"), 16)
+        light = pci_class is not None and pci_class >> 16 not in (0x02, 0x03)
+        chain = chain[:-1] if chain and chain[-1] == bdf else chain
+        if light:
+            return PciFunction(bdf, Path(real), chain, root, None, None, pci_class, None, None,
+                               None, None, None, None)
+        numa = read_int(j(real, "numa_node"))
+        physfn = _link_name(j(real, "physfn"))
         return PciFunction(
             bdf=bdf,
-            path=real,
-            chain=chain[:-1] if chain and chain[-1] == bdf else chain,
+            path=Path(real),
+            chain=chain,
             pcie_root=root,
-            vendor=read_int(real / "vendor", 16),
-            device=read_int(real / "device", 16),
-            pci_class=read_int(real / "class", 16),
+            pci_class=pci_class,
+            vendor=read_int(j(real, "vendor"), 16),
+            device=read_int(j(real, "device"), 16),
             numa_node=numa if numa is not None and numa >= 0 else None,
-            driver=_link_name(real / "driver"),
-            iommu_group=iommu,
-            sriov_total_vfs=read_int(real / "sriov_totalvfs"),
-            sriov_num_vfs=read_int(real / "sriov_numvfs"),
+            driver=_link_name(j(real, "driver")),
+            iommu_group=_link_name(j(real, "iommu_group")),
+            sriov_total_vfs=read_int(j(real, "sriov_totalvfs")),
+            sriov_num_vfs=read_int(j(real, "sriov_numvfs")),
             physfn=physfn if physfn and BDF_RE.match(physfn) else None,
-            net_ifaces=net,
-            rdma_devices=rdma,
-            uverbs=uverbs,
-            drm_nodes=drm,
+            net_ifaces=tuple(_net_ifaces(real)),
+            rdma_devices=tuple(_list(j(real, "infiniband"))),
+            uverbs=tuple(_list(j(real, "infiniband_verbs"))),
+            drm_nodes=tuple(n for n in _list(j(real, "drm")) if n.startswith(("card", "renderD"))),
         )
 
     def scan(self) -> dict[str, PciFunction]:
@@ -176,13 +183,13 @@ class Sysfs:
         return read_text(iface_dir / name)
 
 
-def _net_ifaces(real: Path) -> Iterable[str]:
+def _net_ifaces(real: str) -> Iterable[str]:
     """Netdevs of a PCI function: ``<dev>/net/*`` or, for virtio, ``<dev>/virtio*/net/*``."""
-    found = _list(real / "net")
+    found = _list(os.path.join(real, "net"))
     if not found:
         for child in _list(real):
             if child.startswith("virtio"):
-                found += _list(real / child / "net")
+                found += _list(os.path.join(real, child, "net"))
     return found
 
 
