@@ -332,7 +332,7 @@ class _HttpWatchStream:
                 sock = getattr(getattr(self._raw, "connection", None), "sock", None)
                 if sock is not None:
                     sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
+        except (OSError, ValueError, RuntimeError):  # already closed or released
             pass
         try:
             self._raw.release_conn()

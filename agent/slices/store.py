@@ -46,6 +46,8 @@ class SliceStore:
         self._lock = threading.Lock()
         self._objs: dict[str, dict[str, Any]] = {}
         self._tombstones: dict[str, int | None] = {}
+        # Highest version seen from lists and watch events (the watcher's thread), never
+        # from our writes: a list is always taken after everything its thread saw before.
         self._highest = 0
 
     def _seen(self, rv: int | None) -> None:
@@ -86,8 +88,6 @@ class SliceStore:
             if went_back:
                 self._highest = 0
             self._seen(rv)
-            for obj in fresh.values():
-                self._seen(resource_version(obj))
             return changed
 
     def apply(self, event_type: str, obj: dict[str, Any]) -> str | None:
@@ -115,7 +115,6 @@ class SliceStore:
         """Record what the server answered to our create or update."""
         name, rv = name_of(obj), resource_version(obj)
         with self._lock:
-            self._seen(rv)
             known = self._objs.get(name)
             if known is None or _newer(rv, resource_version(known)):
                 self._objs[name] = obj
@@ -124,7 +123,6 @@ class SliceStore:
     def deleted(self, name: str, rv: int | None) -> None:
         """Record our own delete (``rv``: the deletion revision, when the server said it)."""
         with self._lock:
-            self._seen(rv)
             self._objs.pop(name, None)
             self._tombstones[name] = rv
 

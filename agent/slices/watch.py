@@ -120,6 +120,15 @@ class Watcher:
                 delay = self._backoff.next()
                 self._sink.watch_failed(scope, err, delay)
                 self._stop.wait(delay)
+            except Exception as err:  # a bug here must not end the watch for good
+                if self._stop.is_set():
+                    return
+                log.exception("unexpected error in the ResourceSlice watch")
+                need_list = True
+                delay = self._backoff.next()
+                wrapped = ApiError("WATCH", scope.field_selector, 0, type(err).__name__, str(err))
+                self._sink.watch_failed(scope, wrapped, delay)
+                self._stop.wait(delay)
 
     def _list(self) -> str:
         scope = self._scope

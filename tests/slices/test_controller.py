@@ -1,0 +1,328 @@
+"""The controller against the fake API server, through the real kubernetes client."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kubernetes import client as k8s
+
+from agent.slices import (
+    DroppedFieldsError,
+    Owner,
+    PoolValidationError,
+    RejectedSliceError,
+    chunk_devices,
+    start,
+)
+from discovery.model import Pool, Slice
+from tests.fakes.apiserver import FakeAPIServer
+from tests.slices.conftest import Harness, our_slices, slice_threads, wait_for, writes
+from tests.slices.helpers import DRIVER, NODE, device, devices, pool_of, resources
+
+
+def wipe(srv: FakeAPIServer, node_name: str = NODE) -> None:
+    """What a restarting kubelet does: one deletecollection for the node."""
+    k8s.ResourceV1Api(srv.api_client()).delete_collection_resource_slice(
+        field_selector=f"spec.nodeName={node_name}"
+    )
+
+
+def device_names(objs: list[dict[str, Any]]) -> list[str]:
+    ordered = sorted(objs, key=lambda o: o["metadata"]["name"])
+    return [d["name"] for o in ordered for d in o["spec"].get("devices", [])]
+
+
+def test_create_publishes_the_pool_owned_by_the_node(srv: FakeAPIServer, harness: Harness) -> None:
+    c = harness.start(srv, resources(node1=pool_of(8)))
+    assert c.synced(10)
+    assert c.active and c.api_version == "v1"
+    (obj,) = our_slices(srv)
+    node_uid = srv.get_object("nodes", NODE)["metadata"]["uid"]
+    assert obj["metadata"]["name"].startswith("00000-dra-agent.io-node1-")
+    assert obj["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}
+    ]
+    assert obj["spec"]["nodeName"] == NODE
+    assert obj["spec"]["pool"] == {"name": NODE, "generation": 0, "resourceSliceCount": 1}
+    assert device_names([obj]) == [f"gpu-{i}" for i in range(8)]
+    assert harness.metric("dra_agent_resourceslice_writes_total", verb="create", result="ok") == 1
+    assert harness.metric("dra_agent_last_successful_publish_timestamp_seconds") > 0
+    assert harness.errors == []
+
+
+def test_node_uid_is_looked_up_once_or_not_at_all(srv: FakeAPIServer, harness: Harness) -> None:
+    c = harness.start(srv, resources(node1=pool_of(2), other=pool_of(2)))
+    assert c.synced(10)
+    assert [r.path for r in srv.requests if "/nodes/" in r.path] == ["/api/v1/nodes/node1"]
+    srv.clear_requests()
+    c2 = harness.start(srv, resources(node1=pool_of(2)), Owner(name=NODE, uid="given-uid"))
+    assert c2.synced(10)
+    assert not [r for r in srv.requests if "/nodes/" in r.path]
+
+
+def test_changed_device_is_one_update_in_place(srv: FakeAPIServer, harness: Harness) -> None:
+    c = harness.start(srv, resources(node1=pool_of(8)))
+    assert c.synced(10)
+    (before,) = our_slices(srv)
+    srv.clear_requests()
+    devs = devices(8)
+    devs[3]["attributes"]["health"] = {"string": "degraded"}
+    c.update(resources(node1=Pool(chunk_devices(devs))))
+    assert c.synced(10)
+    (after,) = our_slices(srv)
+    assert writes(srv) == [("update", f"/apis/resource.k8s.io/v1/resourceslices/"
+                                      f"{before['metadata']['name']}", 200)]
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["spec"]["pool"]["generation"] == before["spec"]["pool"]["generation"]
+    assert after["spec"]["devices"][3]["attributes"]["health"] == {"string": "degraded"}
+
+
+def test_split_of_2048_devices_into_16_slices_and_back(
+    srv: FakeAPIServer, harness: Harness
+) -> None:
+    c = harness.start(srv, resources(node1=pool_of(8)))
+    assert c.synced(10)
+    c.update(resources(node1=pool_of(2048)))
+    assert c.synced(20)
+    objs = our_slices(srv)
+    assert len(objs) == 16
+    assert device_names(objs) == [f"gpu-{i}" for i in range(2048)]
+    assert {o["spec"]["pool"]["generation"] for o in objs} == {1}
+    assert {o["spec"]["pool"]["resourceSliceCount"] for o in objs} == {16}
+    assert sorted(o["metadata"]["name"][:6] for o in objs) == [f"{i:05x}-" for i in range(16)]
+
+    srv.clear_requests()
+    c.update(resources(node1=pool_of(8)))
+    assert c.synced(10)
+    (obj,) = our_slices(srv)
+    assert obj["spec"]["pool"] == {"name": NODE, "generation": 2, "resourceSliceCount": 1}
+    verbs = [w[0] for w in writes(srv)]
+    assert verbs.index("update") > max(i for i, v in enumerate(verbs) if v == "delete")
+    assert verbs.count("delete") == 15 and verbs.count("update") == 1
+
+
+def test_restart_with_the_same_hardware_adopts_with_zero_writes(
+    srv: FakeAPIServer, harness: Harness
+) -> None:
+    first = harness.start(srv, resources(node1=pool_of(300)))
+    assert first.synced(10)
+    names = sorted(o["metadata"]["name"] for o in our_slices(srv))
+    first.stop()
+    srv.clear_requests()
+    second = harness.start(srv, resources(node1=pool_of(300)))
+    assert second.synced(10)
+    time.sleep(0.3)
+    assert writes(srv) == []
+    assert sorted(o["metadata"]["name"] for o in our_slices(srv)) == names
+
+
+def test_steady_state_makes_no_writes_even_across_watch_drops(
+    srv: FakeAPIServer, harness: Harness
+) -> None:
+    c = harness.start(srv, resources(node1=pool_of(200)))
+    assert c.synced(10)
+    srv.clear_requests()
+    srv.drop_watches()
+    time.sleep(0.5)
+    srv.drop_watches(graceful=True)
+    time.sleep(0.5)
+    assert writes(srv) == []
+    assert [r.verb for r in srv.requests if r.verb == "list"] == []  # resumed, not relisted
+
+
+def test_kubelet_wipe_is_repaired_from_the_watch(srv: FakeAPIServer, harness: Harness) -> None:
+    c = harness.start(srv, resources(node1=pool_of(256)))  # resync far away: only the watch
+    assert c.synced(10)
+    generation = our_slices(srv)[0]["spec"]["pool"]["generation"]
+    started = time.monotonic()
+    wipe(srv)
+    wait_for(lambda: len(our_slices(srv)) == 2, what="slices back")
+    elapsed = time.monotonic() - started
+    print(f"wipe repaired in {elapsed:.3f}s")
+    objs = our_slices(srv)
+    assert {o["spec"]["pool"]["generation"] for o in objs} == {generation + 1}
+    assert device_names(objs) == [f"gpu-{i}" for i in range(256)]
+
+
+def test_one_deleted_slice_is_recreated_alone(srv: FakeAPIServer, harness: Harness) -> None:
+    c = harness.start(srv, resources(node1=pool_of(384)))
+    assert c.synced(10)
+    victim = sorted(o["metadata"]["name"] for o in our_slices(srv))[1]
+    srv.clear_requests()
+    k8s.ResourceV1Api(srv.api_client()).delete_resource_slice(victim)
+    wait_for(lambda: len(our_slices(srv)) == 3, what="slice back")
+    assert c.synced(10)
+    assert [w[0] for w in writes(srv)] == ["delete", "create"]  # ours: just the create
+    assert sorted(o["metadata"]["name"] for o in our_slices(srv))[1].startswith("00001-")
+
+
+def test_hand_edit_is_reverted(srv: FakeAPIServer, harness: Harness) -> None:
+    c = harness.start(srv, resources(node1=pool_of(4)))
+    assert c.synced(10)
+    api = k8s.ResourceV1Api(srv.api_client())
+    (obj,) = our_slices(srv)
+    obj["spec"]["devices"] = obj["spec"]["devices"][:1]
+    obj["metadata"]["labels"] = {"edited-by": "hand"}
+    api.replace_resource_slice(obj["metadata"]["name"], obj)
+    wait_for(lambda: len(our_slices(srv)[0]["spec"]["devices"]) == 4, what="edit reverted")
+    (fixed,) = our_slices(srv)
+    assert fixed["metadata"]["labels"] == {"edited-by": "hand"}  # not ours to remove
+
+
+def test_api_server_down_then_back(srv: FakeAPIServer, harness: Harness) -> None:
+    c = harness.start(srv, resources(node1=pool_of(8)))
+    assert c.synced(10)
+    srv.stop()
+    c.update(resources(node1=pool_of(300), extra=pool_of(2)))
+    time.sleep(0.6)
+    assert not c.synced(0)
+    srv.start()
+    assert c.synced(15)
+    objs = our_slices(srv)
+    by_pool: dict[str, list[str]] = {}
+    for o in objs:
+        by_pool.setdefault(o["spec"]["pool"]["name"], []).append(o["metadata"]["name"])
+    assert {p: len(n) for p, n in by_pool.items()} == {"node1": 3, "extra": 1}
+    assert device_names([o for o in objs if o["spec"]["pool"]["name"] == NODE]) == [
+        f"gpu-{i}" for i in range(300)
+    ]
+    assert harness.metric("dra_agent_resourceslice_errors_total", reason="unavailable") >= 1
+
+
+def test_lost_server_state_is_republished_after_410(srv: FakeAPIServer, harness: Harness) -> None:
+    c = harness.start(srv, resources(node1=pool_of(8)))
+    assert c.synced(10)
+    srv.clear_requests()
+    srv.restart(keep_state=False)  # history gone: the watch resumes into 410 Expired
+    wait_for(lambda: len(our_slices(srv)) == 1, what="slice republished")
+    assert c.synced(10)
+    assert [r.verb for r in srv.requests].count("list") >= 1
+
+
+def test_v1beta1_only_server_gets_nested_devices(harness: Harness) -> None:
+    with FakeAPIServer(served_resource_versions=("v1beta1",)) as server:
+        server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        c = harness.start(server, resources(node1=pool_of(3)))
+        assert c.synced(10)
+        assert c.api_version == "v1beta1"
+        (obj,) = our_slices(server, "v1beta1")
+        assert obj["spec"]["devices"][0]["basic"]["attributes"]["index"] == {"int": 0}
+        server.clear_requests()
+        time.sleep(0.3)
+        assert writes(server) == []  # the nested form compares equal: no update loop
+        assert all("/v1beta1/" in r.path for r in server.requests if "resourceslices" in r.path)
+        c.stop()
+
+
+def test_node_selector_pool_is_published_without_node_name(
+    srv: FakeAPIServer, harness: Harness
+) -> None:
+    selector = {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "fabric", "operator": "In", "values": ["a"]}]}]}
+    foreign = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "00000-dra-agent.io-node2-zzzzz", "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Node", "name": "node2", "uid": "u2",
+             "controller": True}]},
+        "spec": {"driver": DRIVER, "nodeSelector": selector, "devices": [],
+                 "pool": {"name": "node2-fabric", "generation": 0, "resourceSliceCount": 1}},
+    }
+    srv.put_object(foreign)
+    res = resources(node1=pool_of(2), fabric=Pool(pool_of(2).slices, node_selector=selector))
+    c = harness.start(srv, res)
+    assert c.synced(10)
+    fabric = [o for o in our_slices(srv) if o["spec"]["pool"]["name"] == "fabric"]
+    assert len(fabric) == 1 and "nodeName" not in fabric[0]["spec"]
+    assert fabric[0]["spec"]["nodeSelector"] == selector
+    assert srv.get_object("resourceslices", foreign["metadata"]["name"]) is not None
+    # Its own scope is watched too: a deleted selector slice comes back.
+    k8s.ResourceV1Api(srv.api_client()).delete_resource_slice(fabric[0]["metadata"]["name"])
+    wait_for(lambda: len([o for o in our_slices(srv)
+                          if o["spec"]["pool"]["name"] == "fabric"]) == 1, what="fabric back")
+    c.update(resources(node1=pool_of(2)))
+    assert c.synced(10)
+    assert sorted(o["spec"]["pool"]["name"] for o in our_slices(srv)) == ["node1", "node2-fabric"]
+
+
+def test_server_rejection_is_reported_once_and_other_pools_publish(
+    srv: FakeAPIServer, harness: Harness
+) -> None:
+    srv.fail_next(1, 422, verb="create")
+    c = harness.start(srv, resources(aaa=pool_of(2), node1=pool_of(2)))
+    wait_for(lambda: len(our_slices(srv)) == 1, what="the good pool")
+    time.sleep(0.4)
+    assert [o["spec"]["pool"]["name"] for o in our_slices(srv)] == ["node1"]
+    (err,) = harness.errors_of(RejectedSliceError)
+    assert err.pool == "aaa" and "slice #0" in str(err)
+    assert [w[0] for w in writes(srv)] == ["create", "create"]  # no retry loop
+    assert harness.metric("dra_agent_resourceslice_errors_total", reason="invalid") == 1
+    assert not c.synced(0)
+    c.update(resources(aaa=pool_of(3), node1=pool_of(2)))  # a new pool content is tried again
+    assert c.synced(10)
+    assert len(our_slices(srv)) == 2
+
+
+def test_local_limits_stop_a_pool_before_any_write(srv: FakeAPIServer, harness: Harness) -> None:
+    bad = device(0)
+    bad["attributes"]["x"] = {"string": "y" * 65}
+    c = harness.start(srv, resources(aaa=Pool((Slice((bad,)),)), node1=pool_of(2)))
+    wait_for(lambda: harness.errors, what="an error")
+    wait_for(lambda: len(our_slices(srv)) == 1, what="the good pool")
+    (err,) = harness.errors_of(PoolValidationError)
+    assert "pool 'aaa' slice #0: spec.devices[0].attributes['x']: string: must be at most 64" in (
+        str(err))
+    assert [w[0] for w in writes(srv)] == ["create"]  # only the good pool's
+    c.update(resources(aaa=Pool((Slice((bad,)),)), node1=pool_of(2)))
+    time.sleep(0.3)
+    assert len(harness.errors) == 1  # the same bad content is not reported again
+
+
+def test_dropped_fields_are_reported_once_without_an_update_loop(harness: Harness) -> None:
+    with FakeAPIServer(feature_gates={"DRADeviceTaints": False}) as server:
+        server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        devs = devices(2)
+        devs[0]["taints"] = [{"key": "example.com/ecc", "effect": "NoSchedule"}]
+        res = resources(node1=Pool((Slice(tuple(devs)),)))
+        c = harness.start(server, res)
+        assert c.synced(10)
+        time.sleep(0.4)
+        c.update(res)  # the same content again: still nothing to do
+        assert c.synced(10)
+        assert [w[0] for w in writes(server)] == ["create"]
+        (err,) = harness.errors_of(DroppedFieldsError)
+        assert err.gates == ("DRADeviceTaints",)
+        c.stop()
+
+
+def test_conflicts_and_server_errors_are_retried(srv: FakeAPIServer, harness: Harness) -> None:
+    c = harness.start(srv, resources(node1=pool_of(4)))
+    assert c.synced(10)
+    srv.fail_next(2, 409, verb="update")
+    srv.fail_next(2, 503, verb="create")
+    c.update(resources(node1=pool_of(300)))
+    assert c.synced(10)
+    objs = our_slices(srv)
+    assert len(objs) == 3
+    assert device_names(objs) == [f"gpu-{i}" for i in range(300)]
+
+
+def test_without_api_server_the_controller_is_inactive(caplog: Any) -> None:
+    c = start(None, DRIVER, Owner(name=NODE), resources(node1=pool_of(1)))
+    c.update(resources(node1=pool_of(2)))
+    assert not c.active and c.api_version is None and not c.synced(0.01)
+    c.stop()
+    assert sum("not published" in r.getMessage() for r in caplog.records) == 1
+    assert slice_threads() == []
+
+
+def test_stop_ends_every_thread_even_while_the_server_hangs(
+    srv: FakeAPIServer, harness: Harness
+) -> None:
+    c = harness.start(srv, resources(node1=pool_of(2)))
+    assert c.synced(10)
+    assert len(slice_threads()) == 2  # one worker, one watcher
+    started = time.monotonic()
+    c.stop()
+    print(f"stop took {time.monotonic() - started:.3f}s")
+    assert slice_threads() == []
