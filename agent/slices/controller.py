@@ -168,7 +168,8 @@ class Controller:
             try:
                 target()
             except Exception as err:  # a bug must not end publishing silently
-                log.exception("ResourceSlice controller thread crashed", extra={"thread_name": name})
+                log.exception("ResourceSlice controller thread crashed",
+                              extra={"thread_name": name})
                 self._report(err)
 
         thread = threading.Thread(target=run, name=name, daemon=True)
