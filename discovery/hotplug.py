@@ -108,6 +108,7 @@ class HotplugWatcher:
         stop_event: threading.Event | None = None,
         initial: Inventory | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_scan: Callable[[Inventory, float], None] | None = None,
     ) -> None:
         self.sources = sources
         self.options = options
@@ -120,15 +121,24 @@ class HotplugWatcher:
         self.clock = clock
         self.current = initial
         self.scans = 0
+        #: Called after every scan with its duration in seconds (the daemon records metrics
+        #: here; discovery itself stays free of agent imports).
+        self.on_scan = on_scan
 
     def rescan(self, reason: str) -> bool:
         """Scan now; hand the result on if it differs. Returns whether it changed."""
         self.scans += 1
+        started = time.perf_counter()
         try:
             inventory = discover(self.sources, self.options)
         except Exception:
             log.exception("rescan failed", extra={"reason": reason})
             return False
+        if self.on_scan is not None:
+            try:
+                self.on_scan(inventory, time.perf_counter() - started)
+            except Exception:
+                log.exception("scan observer failed")
         if self.current is not None and inventory_key(inventory) == inventory_key(self.current):
             log.debug("rescan: no change", extra={"reason": reason})
             return False

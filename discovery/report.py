@@ -128,4 +128,6 @@ def topology(inventory: Inventory, node_name: str) -> str:
                     emit(p3, is_last, _leaf(device))
     if not inventory.devices:
         lines.append("└─ (no devices to offer)")
+    for name, reason in inventory.reserved.items():
+        lines.append(f"   reserved: {name} ({reason})")
     return "\n".join(lines)

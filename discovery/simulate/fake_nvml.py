@@ -174,6 +174,10 @@ class FakeNvml:
         gpu, mig = self._resolve(uuid)
         self._deliver(gpu, EVENT_XID_CRITICAL, xid, mig)
 
+    def inject_mig_change(self, uuid: str) -> None:
+        """Announce a MIG reconfiguration of a GPU (after tests edited ``FakeGpu.migs``)."""
+        self._deliver(self._gpu(uuid), EVENT_MIG_CONFIG_CHANGE, 0, None)
+
     def inject_ecc(self, uuid: str, double_bit: bool = True) -> None:
         gpu, mig = self._resolve(uuid)
         kind = EVENT_DOUBLE_BIT_ECC if double_bit else EVENT_SINGLE_BIT_ECC

@@ -242,3 +242,35 @@ def test_real_sysfs_of_this_machine_keeps_the_invariants() -> None:
     for iface in defaults:  # a PCI NIC carrying the default route is listed as reserved
         if Path(f"/sys/class/net/{iface}/device").exists():
             assert any(r.startswith(f"{iface}: ") for r in inv.reserved.values())
+
+
+def test_gpu_name_follows_the_minor_not_the_nvml_index(workdir: Path) -> None:
+    sources = simulated_sources("dgx-h100", workdir)
+    fake = _fake(sources)
+    fake.gpus[0].minor, fake.gpus[3].minor = 3, 0  # a workstation-style numbering
+    devices = discover(sources).by_name()
+    assert devices["gpu-3"].attributes[PCI_BUS_ID] == "0000:1b:00.0"
+    assert devices["gpu-3"].attributes["index"] == 0
+    assert devices["gpu-3"].host.dev_nodes[0] == "/dev/nvidia3"
+    assert devices["gpu-0"].attributes["index"] == 3
+
+
+def test_amd_and_intel_gpus_come_from_drm(workdir: Path) -> None:
+    sys = SysfsBuilder(workdir)
+    amd = sys.function(PciSpec("0000:c1:00.0", "pci0000:c0", ("0000:c0:01.1",), 0x1002,
+                               0x74A1, 0x038000, numa_node=1, driver="amdgpu"))
+    sys.drm(amd, card=1, render=129)
+    intel = sys.function(PciSpec("0000:00:02.0", "pci0000:00", (), 0x8086, 0x56C0, 0x030000,
+                                 driver="i915"))
+    sys.drm(intel, card=0, render=128)
+    sys.function(PciSpec("0000:00:01.0", "pci0000:00", (), 0x1234, 0x1111, 0x030000))  # bochs
+    devices = discover(_sources(workdir)).by_name()
+    assert sorted(devices) == ["gpu-0000-00-02-0", "gpu-0000-c1-00-0"]
+    mi = devices["gpu-0000-c1-00-0"]
+    assert mi.type == "gpu" and mi.attributes["vendor"] == "amd"
+    assert mi.attributes["cardIndex"] == 1 and mi.attributes["renderIndex"] == 129
+    assert mi.attributes[NUMA_NODE] == 1 and mi.attributes["pciDeviceID"] == "74a1"
+    assert mi.host.dev_nodes == ("/dev/dri/card1", "/dev/dri/renderD129", "/dev/kfd")
+    assert devices["gpu-0000-00-02-0"].host.dev_nodes == ("/dev/dri/card0", "/dev/dri/renderD128")
+    no_gpus = discover(_sources(workdir), DiscoveryOptions(device_types=("nic",)))
+    assert no_gpus.devices == ()

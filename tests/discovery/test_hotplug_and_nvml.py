@@ -12,6 +12,7 @@ import pytest
 
 from discovery.gpulib import (
     EVENT_DOUBLE_BIT_ECC,
+    EVENT_MIG_CONFIG_CHANGE,
     EVENT_XID_CRITICAL,
     WHOLE_GPU,
     GpuIsLostError,
@@ -137,9 +138,12 @@ def test_mig_reconfiguration_is_caught_by_the_slow_rescan(workdir: Path) -> None
 def test_initial_inventory_given_means_no_report_until_a_change(sriov: Sources) -> None:
     events = FakeEvents()
     changes: list[Inventory] = []
+    scans: list[float] = []
     watcher = HotplugWatcher(sriov, DiscoveryOptions(), changes.append, events,
-                             initial=discover(sriov), debounce_s=0.01)
+                             initial=discover(sriov), debounce_s=0.01,
+                             on_scan=lambda inv, seconds: scans.append(seconds))
     assert watcher.rescan("test") is False and changes == []
+    assert len(scans) == 1 and scans[0] > 0
 
 
 # -- the NVML fake's hooks ------------------------------------------------------------------
@@ -166,6 +170,9 @@ def test_fake_nvml_delivers_xids_ecc_and_lost_gpus(workdir: Path) -> None:
     nvml.inject_xid(gpu0.migs[2].uuid, 94)
     mig_event = nvml.event_set_wait(events, 100)
     assert mig_event is not None and (mig_event.gpu_instance, mig_event.compute_instance) == (9, 0)
+    nvml.inject_mig_change(gpu0.uuid)
+    change = nvml.event_set_wait(events, 100)
+    assert change is not None and change.event_type == EVENT_MIG_CONFIG_CHANGE
     nvml.inject_ecc(gpu4.uuid)
     ecc = nvml.event_set_wait(events, 100)
     assert ecc is not None and ecc.event_type == EVENT_DOUBLE_BIT_ECC
