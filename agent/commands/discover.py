@@ -27,14 +27,16 @@ def slice_objects(
 ) -> list[dict[str, Any]]:
     """ResourceSlice dicts as the controller would create them for a node-local pool.
 
-    Names follow the 1.36 controller: ``generateName`` is
-    ``<slice index, zero-padded lower hex, width >= 5>-<driver>-<node>-``; the API server
-    appends the random suffix, so no ``name`` exists yet.
+    Names come from the slice controller's own naming (``<index>-<driver>-<node>-``, as the
+    1.36 upstream controller); the API server appends the random suffix, so no ``name``
+    exists yet. The Node owner reference is left out: its UID needs the API server.
     """
+    from agent.slices.naming import generate_name, index_width
+
     out: list[dict[str, Any]] = []
     for pool_name, pool in sorted(resources.pools.items()):
         count = len(pool.slices)
-        width = max(5, len(f"{max(count - 1, 0):x}"))
+        width = index_width(count)
         for index, piece in enumerate(pool.slices):
             spec: dict[str, Any] = {
                 "driver": driver,
@@ -49,7 +51,7 @@ def slice_objects(
             out.append({
                 "apiVersion": API_VERSION,
                 "kind": "ResourceSlice",
-                "metadata": {"generateName": f"{index:0{width}x}-{driver}-{node_name}-"},
+                "metadata": {"generateName": generate_name(index, width, driver, node_name)},
                 "spec": spec,
             })
     return out
