@@ -99,6 +99,8 @@ class Engine:
                     "status": {"phase": "Active"},
                 },
             )
+        if start_rv:
+            self.store.forget_history()
 
     # WatchControl
     def watch_epoch(self) -> int:
@@ -137,7 +139,8 @@ class Engine:
         if delay:
             self.stop_event.wait(delay)
         if rule is not None:
-            headers = {"Retry-After": "1"} if rule.status in (429, 503) else {}
+            # A real 429 carries Retry-After, and urllib3 then retries idempotent requests.
+            headers = {"Retry-After": "1"} if rule.status == 429 else {}
             details = {"retryAfterSeconds": 1} if headers else None
             raise APIError(
                 rule.status,

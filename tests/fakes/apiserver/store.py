@@ -131,5 +131,13 @@ class Store:
             out.reverse()
             return out
 
+    def forget_history(self) -> None:
+        """Make every revision up to now unreachable, as after a restore from nothing."""
+        with self.cond:
+            self._floor = self.rv
+            for st in self._resources.values():
+                st.log.clear()
+                st.compacted = self.rv
+
     def plurals(self) -> Iterable[str]:
         return list(self._resources)
