@@ -259,3 +259,17 @@ def test_bad_addresses_are_rejected_at_construction(address: str, fragment: str)
         HealthServer(address, CollectorRegistry())
     assert fragment in str(err.value)
     assert err.value.address == address
+
+
+def test_keep_alive_connection_serves_many_requests(server: HealthServer) -> None:
+    # Prometheus reuses its connection: every answer must carry a correct Content-Length.
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        for path in ("/metrics", "/healthz", "/nope", "/readyz", "/metrics"):
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            body = resp.read()
+            assert int(resp.getheader("Content-Length", "-1")) == len(body)
+            assert resp.status in (200, 404)
+    finally:
+        conn.close()
