@@ -7,6 +7,7 @@ a warning naming the GPU and the call.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -90,7 +91,11 @@ class NvidiaScanner:
         try:
             self.lib.init()
         except (LibraryNotFoundError, DriverNotLoadedError) as err:
-            log.info("NVML not available, NVIDIA GPUs skipped", extra={"reason": str(err)})
+            # Normal on a node without NVIDIA GPUs: say so once per library, not per rescan.
+            if not getattr(self.lib, "_dra_unavailable_logged", False):
+                log.info("NVML not available, NVIDIA GPUs skipped", extra={"reason": str(err)})
+                with contextlib.suppress(AttributeError):
+                    self.lib._dra_unavailable_logged = True  # type: ignore[attr-defined]
             present = [f.bdf for f in self.pci.values() if _is_nvidia_gpu(f)]
             if present:
                 self.out.warnings.append(
@@ -185,7 +190,10 @@ class NvidiaScanner:
                      extra={"device": name, "current": mig_current, "pending": mig_pending})
         if mig_current:
             if self.want_gpu:
-                self.out.reserved[name] = "MIG mode enabled: offered as its MIG devices"
+                self.out.reserved[name] = (
+                    "MIG mode enabled: offered as its MIG devices" if self.want_mig
+                    else "MIG mode enabled and MIG devices are switched off (--device-types)"
+                )
             if self.want_mig:
                 self._add_migs(handle, c)
             return

@@ -48,7 +48,7 @@ class UdevEvents:
     """pyudev netlink monitors on the kernel (and, if possible, udev) sources."""
 
     def __init__(self, sources: tuple[str, ...] = ("kernel", "udev")) -> None:
-        import pyudev
+        import pyudev  # needs libudev.so.1 at import; callers catch ImportError/OSError
 
         self._monitors: list[Any] = []
         context = pyudev.Context()
@@ -82,6 +82,30 @@ class UdevEvents:
             except Exception as err:  # closing is best effort
                 log.debug("udev monitor stop failed", extra={"error": str(err)})
         self._monitors.clear()
+
+
+class NullEvents:
+    """No event source (netlink not permitted): the watcher falls back to periodic rescans."""
+
+    def __init__(self, stop_event: threading.Event | None = None) -> None:
+        self._stop = stop_event or threading.Event()
+
+    def poll(self, timeout: float) -> DeviceEvent | None:
+        self._stop.wait(timeout)
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def default_events(stop_event: threading.Event | None = None) -> DeviceEvents:
+    """UdevEvents when netlink can be opened, else NullEvents with one log line."""
+    try:
+        return UdevEvents()
+    except (OSError, ImportError) as err:
+        log.warning("no uevent source, hotplug falls back to periodic rescans",
+                    extra={"error": str(err)})
+        return NullEvents(stop_event)
 
 
 def _relevant(event: DeviceEvent) -> bool:

@@ -23,7 +23,7 @@ from discovery.gpulib import (
     nvml_bus_id_to_sysfs,
 )
 from discovery.gpus import mig_cap_minors
-from discovery.hotplug import DeviceEvent, HotplugWatcher
+from discovery.hotplug import DeviceEvent, HotplugWatcher, NullEvents
 from discovery.model import Inventory
 from discovery.scan import DiscoveryOptions, discover
 from discovery.simulate import FakeNvml, simulated_sources
@@ -144,6 +144,21 @@ def test_initial_inventory_given_means_no_report_until_a_change(sriov: Sources) 
                              on_scan=lambda inv, seconds: scans.append(seconds))
     assert watcher.rescan("test") is False and changes == []
     assert len(scans) == 1 and scans[0] > 0
+
+
+def test_without_uevents_the_watcher_still_rescans_periodically(sriov: Sources) -> None:
+    stop = threading.Event()
+    changes: list[Inventory] = []
+    watcher = HotplugWatcher(sriov, DiscoveryOptions(), changes.append, NullEvents(stop),
+                             slow_rescan_s=0.05, stop_event=stop)
+    thread = watcher.start()
+    try:
+        _wait(lambda: watcher.scans >= 3)
+        assert len(changes) == 1
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert not thread.is_alive()
 
 
 # -- the NVML fake's hooks ------------------------------------------------------------------
