@@ -125,6 +125,8 @@ def _violates(value: Fraction, cap: Capacity) -> bool:
 def capacity_check(req: Request, device: Device, used: dict[str, Fraction] | None,
                    allocating: dict[str, Fraction] | None) -> Reason | None:
     """CmpRequestOverCapacity: None when the request fits in what is left of every capacity."""
+    if not req.capacity and not used and not allocating:
+        return None  # takes the default (at most the whole device) of an unused device
     for name in req.capacity or {}:
         if name not in device.capacity:
             return Reason(CAPACITY, f"requests capacity {name}, which the device does not have",

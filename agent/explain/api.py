@@ -104,6 +104,7 @@ def explain(
             held.extend(parse_allocated(doc))
     state = AllocatedState.build(held)
     node = Node(node_name, dict(node_labels or {"kubernetes.io/hostname": node_name}))
+    t_parsed = time.perf_counter()
     pools = gather_pools(parsed_slices, node)
     entries = _entries(pools)
     env = CelEnv()
@@ -149,8 +150,10 @@ def explain(
         "celCompileMs": env.stats.compile_seconds * 1e3,
         "celEvaluations": float(env.stats.evaluations),
         "celEvalMs": env.stats.eval_seconds * 1e3,
+        "celConversions": float(env.stats.conversions),
         "celConvertMs": env.stats.convert_seconds * 1e3,
-        "searchMs": (t_search - t0) * 1e3,
+        "parseMs": (t_parsed - t0) * 1e3,
+        "searchMs": (t_search - t_parsed) * 1e3,
         "totalMs": (t_end - t0) * 1e3,
     }
     return ExplainResult(fits, f"{c.namespace}/{c.name}", node_name, allocation,

@@ -18,7 +18,7 @@ from typing import Any
 
 from agent.explain.cel_lib import QTAG, VTAG, SelectorRuntimeError, k8s_functions, load_cel
 from agent.explain.docs import InputError
-from agent.explain.model import Device, DeviceID, Selector, device_id_str
+from agent.explain.model import Device, Selector, device_id_str
 from agent.explain.values import parse_semver
 
 #: Functions of CEL itself and of the libraries Kubernetes adds that selectors may call.
@@ -118,9 +118,12 @@ class CelEnv:
         self._compiled: dict[tuple[str, str, int], CompiledSelector] = {}
         self._refs: frozenset[Ref] | None = frozenset()
         self._domains: frozenset[str] = frozenset()
-        self._values: dict[DeviceID, dict[str, Any]] = {}
-        self._bound: DeviceID | None = None
-        self._results: dict[tuple[str, DeviceID], bool] = {}
+        self._ref_order: list[Ref] = []
+        self._views: dict[tuple[Any, ...], int] = {}
+        self._keys: dict[int, int] = {}  # id(Device) -> view number
+        self._bound: int | None = None
+        self._results: dict[tuple[str, int], bool | str] = {}
+        self._parts: dict[tuple[str, int], str] = {}
         self.stats = CelStats()
 
     # --- compile --------------------------------------------------------------------------
@@ -175,7 +178,12 @@ class CelEnv:
         self._compiled[key] = cs
         self._refs = None if self._refs is None or cs.refs is None else self._refs | cs.refs
         self._domains |= literals
-        self._values.clear()  # the projection may have grown
+        self._ref_order = sorted(self._refs) if self._refs is not None else []
+        # The projection may have grown: what was cached describes other keys.
+        self._keys.clear()
+        self._views.clear()
+        self._results.clear()
+        self._parts.clear()
         self._bound = None
         return cs
 
@@ -213,50 +221,86 @@ class CelEnv:
         return {"driver": device.driver, "allowMultipleAllocations": device.allow_multiple,
                 "attributes": attrs, "capacity": caps}
 
-    def _bind(self, device: Device) -> None:
-        if self._bound == device.id:
+    def _key(self, device: Device) -> int:
+        """What the expressions can see of the device, as a small number: equal views give
+        equal verdicts, so eight identical GPUs cost one evaluation, not eight."""
+        known = self._keys.get(id(device))  # the Device objects live as long as this env
+        if known is not None:
+            return known
+        if self._refs is None:
+            seen: tuple[Any, ...] = (
+                tuple(sorted((k, _hashable(v)) for k, v in device.attributes.items())),
+                tuple(sorted((k, c.value) for k, c in device.capacity.items())))
+        else:
+            looked = []
+            for what, domain, ident in self._ref_order:
+                table: Any = device.attributes if what == "attributes" else device.capacity
+                found = (table.get(ident) if domain == device.driver else None) or table.get(
+                    f"{domain}/{ident}")
+                if found is not None and what == "attributes":
+                    found = _hashable(found)
+                elif found is not None:
+                    found = found.value
+                looked.append(found)
+            seen = tuple(looked)
+        view = (device.driver, device.allow_multiple, seen)
+        number = self._views.setdefault(view, len(self._views))
+        self._keys[id(device)] = number
+        return number
+
+    def _bind(self, device: Device, key: int) -> None:
+        if self._bound == key:
             return
         start = time.perf_counter()
-        value = self._values.get(device.id)
-        if value is None:
-            value = self._values[device.id] = self._value(device)
-        self._ctx.add_variable("device", value)
-        self._bound = device.id
+        self._ctx.add_variable("device", self._value(device))
+        self._bound = key
         self.stats.conversions += 1
         self.stats.convert_seconds += time.perf_counter() - start
 
-    def _run(self, program: Any, selector: Selector, device: Device) -> bool:
-        self._bind(device)
+    def _run(self, program: Any, device: Device, key: int) -> bool | str:
+        """True/False, or the error text."""
+        self._bind(device, key)
         start = time.perf_counter()
         try:
             result = program.execute(self._ctx)
         except Exception as err:
-            raise SelectorRuntimeError(selector, device_id_str(device.id), _cause(err)) from None
+            return _cause(err)
         finally:
             self.stats.evaluations += 1
             self.stats.eval_seconds += time.perf_counter() - start
         if not isinstance(result, bool):
-            raise SelectorRuntimeError(selector, device_id_str(device.id),
-                                       f"must evaluate to bool, not {type(result).__name__}")
+            return f"must evaluate to bool, not {type(result).__name__}"
         return result
 
     def matches(self, cs: CompiledSelector, device: Device) -> bool:
         """The selector's verdict; raises SelectorRuntimeError as the scheduler would fail."""
-        key = (cs.selector.expression, device.id)
-        found = self._results.get(key)
+        key = self._key(device)
+        found = self._results.get((cs.selector.expression, key))
         if found is None:
-            found = self._results[key] = self._run(cs.program, cs.selector, device)
+            found = self._results[(cs.selector.expression, key)] = self._run(
+                cs.program, device, key)
+        if isinstance(found, str):
+            raise SelectorRuntimeError(cs.selector, device_id_str(device.id), found)
         return found
 
     def failing_part(self, cs: CompiledSelector, device: Device) -> str:
         """The first conjunct of a && chain that is false on the device (else the whole)."""
+        key = self._key(device)
+        found = self._parts.get((cs.selector.expression, key))
+        if found is not None:
+            return found
+        found = cs.selector.expression
         for text, program in cs.parts:
-            try:
-                if not self._run(program, cs.selector, device):
-                    return text
-            except SelectorRuntimeError:
-                continue  # false wins over an error in CEL's &&; keep looking
-        return cs.selector.expression
+            if self._run(program, device, key) is False:  # an error is not "false": go on
+                found = text
+                break
+        self._parts[(cs.selector.expression, key)] = found
+        return found
+
+
+def _hashable(attr: tuple[str, Any]) -> tuple[str, Any]:
+    kind, value = attr
+    return (kind, tuple(value)) if isinstance(value, list) else (kind, value)
 
 
 def compile_all(env: CelEnv, selectors: Iterable[Selector]) -> list[CompiledSelector]:
