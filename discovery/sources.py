@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -40,7 +40,6 @@ class Sources:
     proc_root: Path = Path("/proc")
     #: A short label for logs and warnings ("host", "simulated dgx-h100").
     label: str = "host"
-    extra: Mapping[str, str] = field(default_factory=dict)
 
 
 def _hex_le_ipv4(text: str) -> int:
