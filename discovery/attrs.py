@@ -33,6 +33,9 @@ VENDORS = {
 
 #: Attributes dropped first when a device would exceed the API's 32 entries.
 _OPTIONAL_ORDER = ("pciDeviceID", "pciVendorID", "driver", "state", "linkSpeed", "vendor")
+#: Never dropped while anything else can go: identity and topology (plus every qualified name).
+_KEEP = frozenset({"uuid", "productName", "profile", "parentUUID", "minor", "index", "ifName",
+                   "rdmaDevice", "isVF", "parentPF", "pcieSwitch"})
 
 
 def vendor_name(vendor_id: int | None) -> str | None:
@@ -109,7 +112,8 @@ def fit_limits(device: Device) -> Device:
             log.warning("attribute dropped to stay within 32 per device",
                         extra={"device": device.name, "attribute": key})
     while len(attrs) > budget:
-        key = sorted(attrs)[-1]
+        droppable = sorted(k for k in attrs if "/" not in k and k not in _KEEP) or sorted(attrs)
+        key = droppable[-1]
         del attrs[key]
         log.warning("attribute dropped to stay within 32 per device",
                     extra={"device": device.name, "attribute": key})

@@ -275,3 +275,19 @@ def test_amd_and_intel_gpus_come_from_drm(workdir: Path) -> None:
     assert devices["gpu-0000-00-02-0"].host.dev_nodes == ("/dev/dri/card0", "/dev/dri/renderD128")
     no_gpus = discover(_sources(workdir), DiscoveryOptions(device_types=("nic",)))
     assert no_gpus.devices == ()
+
+
+def test_oversized_devices_are_cut_to_the_api_limits(caplog: pytest.LogCaptureFixture) -> None:
+    from discovery.attrs import fit_limits
+    from discovery.model import Device, DeviceType
+
+    attrs: dict[str, object] = {f"extra{i:02d}": i for i in range(40)}
+    attrs.update(productName="x" * 100, pciVendorID="10de", driver="nvidia")
+    device = Device("gpu-0", DeviceType.GPU, attrs, {"memory": "1Gi"})  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING):
+        fitted = fit_limits(device)
+    api = fitted.to_api()
+    assert len(api["attributes"]) + len(api["capacity"]) == 32
+    assert fitted.attributes["productName"] == "x" * 64
+    assert "pciVendorID" not in fitted.attributes and "driver" not in fitted.attributes
+    assert any(getattr(r, "attribute", None) == "productName" for r in caplog.records)
