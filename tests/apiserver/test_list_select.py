@@ -170,3 +170,30 @@ def test_claims_listed_per_namespace_and_across(rapi: client.ResourceV1Api,
         ("ns1", "c1"), ("ns2", "c2")]
     picked = rapi.list_resource_claim_for_all_namespaces(field_selector="metadata.namespace=ns2")
     assert [c.metadata.name for c in picked.items] == ["c2"]
+
+
+def test_future_resource_version_waits_then_504() -> None:
+    with FakeAPIServer(too_large_wait=0.2) as srv:
+        rapi = client.ResourceV1Api(srv.api_client())
+        ahead = str(srv.resource_version + 10)
+        code, body = fails(rapi.list_resource_slice, resource_version=ahead,
+                           resource_version_match="NotOlderThan")
+        assert code == 504 and body["reason"] == "Timeout"
+        assert body["details"]["causes"][0]["reason"] == "ResourceVersionTooLarge"
+
+
+def test_all_namespaces_path_is_list_and_watch_only(api_client: client.ApiClient) -> None:
+    from tests.apiserver.conftest import send
+
+    code, _, body = send(api_client, "DELETE", "/apis/resource.k8s.io/v1/resourceclaims")
+    assert code == 405 and body["reason"] == "MethodNotAllowed"
+
+
+def test_claim_templates_are_served(rapi: client.ResourceV1Api) -> None:
+    tmpl = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "t"}, "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": "gpu.dra-agent.io"}}]}}}}
+    out = raw(rapi.create_namespaced_resource_claim_template, "default", tmpl)
+    assert out["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 1
+    assert [t.metadata.name for t in
+            rapi.list_namespaced_resource_claim_template("default").items] == ["t"]

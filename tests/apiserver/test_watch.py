@@ -188,3 +188,17 @@ def test_watch_on_one_name_and_legacy_watch_path(api_client: client.ApiClient,
     resp.read()
     lines = [json.loads(line) for line in resp.data.decode().splitlines()]
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in lines] == [("ADDED", "b")]
+
+
+def test_watch_from_a_revision_not_reached_yet_waits_for_it(
+    srv: FakeAPIServer, rapi: client.ResourceV1Api
+) -> None:
+    ahead = str(srv.resource_version + 1)
+    timer = threading.Timer(0.2, lambda: srv.put_object(make_slice("next")))
+    timer.start()
+    try:
+        events = _events(rapi, resource_version=ahead, timeout_seconds=1)
+    finally:
+        timer.join()
+    assert events == []  # the write at `ahead` itself is not newer than `ahead`
+    assert srv.get_object("resourceslices", "next") is not None

@@ -246,6 +246,9 @@ class APIRequestHandler(BaseHTTPRequestHandler):
     def _resource(self, verb: str, req: Request, body: bytes) -> tuple[int, Any, list[str]]:
         engine = self.server.engine
         reg, writer = engine.registry, engine.writer
+        if req.route.rtype.namespaced and req.route.namespace is None and verb != "list":
+            # The all-namespaces path serves list and watch only.
+            raise APIError(405, "the server does not allow this method on the requested resource")
         if verb == "get":
             return 200, reg.get(req), []
         if verb == "list":

@@ -83,11 +83,13 @@ class Registry:
         resources: Mapping[str, ResourceType],
         gates: Mapping[str, bool] | None = None,
         clock: Callable[[], float] = time.time,
+        too_large_wait: float = 3.0,
     ) -> None:
         self.store = store
         self.resources = resources
         self.gates = {**DEFAULT_FEATURE_GATES, **(gates or {})}
         self.clock = clock
+        self.too_large_wait = too_large_wait
 
     # -- helpers shared with writes and watch ---------------------------------------------
 
@@ -201,22 +203,33 @@ class Registry:
         except ValueError:
             raise bad_request(f"invalid resource version: {rv}") from None
         exact = match == "Exact" or (not match and limit not in ("", "0"))
-        if wanted > self.store.rv:
-            raise APIError(
-                504,
-                f"Too large resource version: {wanted}, current: {self.store.rv}",
-                reason="Timeout",
-                details={
-                    "causes": [
-                        {
-                            "reason": "ResourceVersionTooLarge",
-                            "message": "Too large resource version",
-                        }
-                    ],
-                    "retryAfterSeconds": 1,
-                },
-            )
+        self.wait_for_revision(wanted)
         return wanted if exact else None
+
+    def wait_for_revision(self, wanted: int) -> None:
+        """A revision the server has not reached: wait a little (as the watch cache does),
+        then 504 with ResourceVersionTooLarge."""
+        store = self.store
+        with store.cond:
+            if wanted <= store.rv:
+                return
+            store.cond.wait_for(lambda: store.rv >= wanted, timeout=self.too_large_wait)
+            if wanted > store.rv:
+                raise APIError(
+                    504,
+                    f"Too large resource version: {wanted}, current: {store.rv}",
+                    reason="Timeout",
+                    details={
+                        "causes": [
+                            {
+                                "reason": "ResourceVersionTooLarge",
+                                "message": "Too large resource version",
+                            }
+                        ],
+                        "retryAfterSeconds": 1,
+                    },
+                    headers={"Retry-After": "1"},
+                )
 
     def list(self, req: Request) -> Obj:
         route, p = req.route, req.params

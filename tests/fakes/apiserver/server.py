@@ -79,7 +79,12 @@ class Engine:
 
     def reset_state(self, start_rv: int) -> None:
         self.store = Store(self.log_size, start_rv)
-        self.registry = Registry(self.store, self.resources, self.gates)
+        self.registry = Registry(
+            self.store,
+            self.resources,
+            self.gates,
+            too_large_wait=self.watch_settings.too_large_wait,
+        )
         self.writer = Writer(self.registry)
         now = now_rfc3339(time.time)
         for ns in DEFAULT_NAMESPACES:
@@ -160,6 +165,8 @@ class FakeAPIServer:
     `served_resource_versions` picks which resource.k8s.io versions exist (1.36 serves only v1
     by default). `bookmark_interval` is how often a watch that asked for bookmarks gets one.
     `feature_gates` overrides the 1.36 DRA gate defaults that decide which fields are dropped.
+    `watch_timeout` is a watch's length when the client gives no timeoutSeconds, and
+    `too_large_wait` how long a request for a future resourceVersion waits before its 504.
     """
 
     def __init__(
@@ -170,10 +177,11 @@ class FakeAPIServer:
         port: int = 0,
         bookmark_interval: float = 1.0,
         watch_timeout: float = 1800.0,
+        too_large_wait: float = 3.0,
         feature_gates: Mapping[str, bool] | None = None,
     ) -> None:
         self._check_versions(served_resource_versions)
-        settings = WatchSettings(bookmark_interval=bookmark_interval, default_timeout=watch_timeout)
+        settings = WatchSettings(bookmark_interval, watch_timeout, too_large_wait)
         self._engine = Engine(
             tuple(served_resource_versions), event_log_size, feature_gates, settings
         )

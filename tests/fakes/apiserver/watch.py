@@ -12,13 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .errors import APIError, FieldError, bad_request
+from .errors import FieldError, bad_request
 from .registry import Registry, Request, options_invalid
 from .store import Event, TooOldError
 
 Obj = dict[str, Any]
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
-TOO_LARGE_WAIT_S = 3.0
 CLIENT_CHECK_S = 0.25
 
 
@@ -50,6 +49,7 @@ class WatchControl(Protocol):
 class WatchSettings:
     bookmark_interval: float
     default_timeout: float
+    too_large_wait: float = 3.0
 
 
 def _too_old_event(e: TooOldError) -> Obj:
@@ -166,24 +166,7 @@ class WatchStream:
         except ValueError:
             raise bad_request(f"invalid resource version: {rv_text}") from None
         with store.cond:
-            if wanted > store.rv:
-                # The watch cache waits a little for a revision it has not seen yet.
-                store.cond.wait_for(lambda: store.rv >= wanted, timeout=TOO_LARGE_WAIT_S)
-                if wanted > store.rv:
-                    raise APIError(
-                        504,
-                        f"Too large resource version: {wanted}, current: {store.rv}",
-                        reason="Timeout",
-                        details={
-                            "causes": [
-                                {
-                                    "reason": "ResourceVersionTooLarge",
-                                    "message": "Too large resource version",
-                                }
-                            ],
-                            "retryAfterSeconds": 1,
-                        },
-                    )
+            self.reg.wait_for_revision(wanted)
             if initial:
                 snap = store.snapshot(self.plural)
                 objs = [snap[k] for k in sorted(snap) if self.match(snap[k])]
