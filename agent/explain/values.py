@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
@@ -32,6 +33,12 @@ def parse_quantity(text: object) -> Fraction:
         return Fraction(str(text))
     if not isinstance(text, str):
         raise ValueParseError(f"quantity must be a string or number, not {text!r}")
+    return _parse_quantity_text(text)
+
+
+# Pure functions memoised: a node's slices repeat the same few spellings thousands of times.
+@lru_cache(maxsize=4096)
+def _parse_quantity_text(text: str) -> Fraction:
     m = _QUANTITY_RE.match(text.strip())
     if not m or not text.strip():
         raise ValueParseError(f"{text!r} is not a quantity (e.g. 80Gi, 500m, 2)")
@@ -112,6 +119,11 @@ def parse_semver(text: object, normalize: bool = False) -> Semver:
     Kubernetes CEL ``semver(s, true)`` overload."""
     if not isinstance(text, str):
         raise ValueParseError(f"version must be a string, not {text!r}")
+    return _parse_semver_text(text, normalize)
+
+
+@lru_cache(maxsize=4096)
+def _parse_semver_text(text: str, normalize: bool) -> Semver:
     s = text
     if normalize:
         s = s.removeprefix("v")
