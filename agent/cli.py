@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "claims": "agent.commands.claims:command",
     "discover": "agent.commands.discover:command",
     "explain": "agent.commands.explain:command",
+    "run": "agent.commands.run:command",
 }
 
 
@@ -38,3 +39,7 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """dra-agent: a Kubernetes DRA node agent for GPUs and NICs."""
+
+
+if __name__ == "__main__":
+    main()

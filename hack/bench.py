@@ -14,7 +14,7 @@ import time
 
 from hack.benches import Figure
 
-AREAS = ("discovery", "cdi", "plugin", "slices", "startup", "explain", "health")
+AREAS = ("discovery", "cdi", "plugin", "slices", "startup", "explain", "health", "ops")
 
 
 def machine() -> str:

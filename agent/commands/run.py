@@ -1,0 +1,79 @@
+"""``dra-agent run``: the daemon.
+
+SIGTERM/SIGINT stop it cleanly (in-flight calls finish within the grace period, sockets are
+removed, ResourceSlices are kept); a second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from agent.config import common_options, pop_config
+
+#: Exit code of a second signal: the conventional 128 + SIGINT.
+FORCED_EXIT = 130
+
+
+@click.command()
+@click.option("--rolling-update/--no-rolling-update", default=False, show_default=True,
+              envvar="DRA_AGENT_ROLLING_UPDATE", show_envvar=True,
+              help="Per-pod socket names and a cross-instance lock (DaemonSet maxSurge, "
+                   "kubelet >= 1.33).")
+@click.option("--pod-uid", envvar=["DRA_AGENT_POD_UID", "POD_UID"], show_envvar=True,
+              help="This pod's UID (downward API), for rolling-update socket names.")
+@click.option("--shutdown-grace", "shutdown_grace_s", type=float, default=10.0,
+              show_default=True, envvar="DRA_AGENT_SHUTDOWN_GRACE", show_envvar=True,
+              help="Seconds in-flight calls get to finish on SIGTERM.")
+@click.option("--rescan-interval", "slow_rescan_s", type=float, default=60.0, show_default=True,
+              envvar="DRA_AGENT_RESCAN_INTERVAL", show_envvar=True,
+              help="Seconds between full rescans (catches MIG changes; udev covers hotplug).")
+@click.option("--driver-root", type=click.Path(file_okay=False), default="/",
+              show_default=True, envvar="DRA_AGENT_DRIVER_ROOT", show_envvar=True,
+              help="Where the NVIDIA driver installation is mounted (e.g. /driver-root in a pod).")
+@click.option("--host-driver-root", type=click.Path(file_okay=False), default="/",
+              show_default=True, envvar="DRA_AGENT_HOST_DRIVER_ROOT", show_envvar=True,
+              help="The same driver installation as the container runtime sees it on the host "
+                   "(e.g. /run/nvidia/driver for a containerised driver).")
+@click.option("--node-address", "node_addresses", multiple=True,
+              envvar="DRA_AGENT_NODE_ADDRESS", show_envvar=True,
+              help="A node address whose NIC is never offered (repeatable).")
+@common_options
+def command(**kwargs: Any) -> None:
+    """Run the agent: discover, publish ResourceSlices, serve the kubelet."""
+    from agent.daemon import Daemon, DaemonError, RunOptions
+    from agent.logs import setup_logging
+
+    cfg = pop_config(kwargs)
+    rolling_update: bool = kwargs["rolling_update"]
+    pod_uid: str | None = kwargs["pod_uid"]
+    # A daemon logs its events by default; -v adds debug.
+    setup_logging(cfg.log_format, cfg.verbosity + 1)
+    if rolling_update and not pod_uid:
+        raise click.UsageError("--rolling-update needs --pod-uid (or POD_UID)")
+    daemon = Daemon(cfg, RunOptions(
+        rolling_update=rolling_update, pod_uid=pod_uid,
+        shutdown_grace_s=kwargs["shutdown_grace_s"], slow_rescan_s=kwargs["slow_rescan_s"],
+        node_addresses=kwargs["node_addresses"], driver_root=Path(kwargs["driver_root"]),
+        host_driver_root=Path(kwargs["host_driver_root"]),
+    ))
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if daemon.stop_event.is_set():
+            os._exit(FORCED_EXIT)
+        daemon.request_stop(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        code = daemon.run()
+    except DaemonError as err:
+        click.echo(f"dra-agent: {err}", err=True)
+        sys.exit(1)
+    sys.exit(code)

@@ -1,0 +1,375 @@
+"""``dra-agent run``: wires discovery -> controller and the kubelet plugin, plus health/metrics.
+
+Start order is chosen so every promise made to the outside is already true when it is made:
+discovery first (what to publish and prepare), then the ResourceSlice controller, then the
+plugin (the DRA socket serves before the registration socket exists), then the HTTP endpoint,
+and READY=1 to systemd only once the registration socket answers.
+
+Stop order is the reverse. ResourceSlices are kept on purpose: the kubelet wipes them after
+30 s if the agent does not come back, and a restart within that window costs no write.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.claims import ClaimFetchError, ClaimRef
+from agent.config import Config
+from agent.metrics import Metrics
+from agent.sdnotify import Notifier
+from discovery.model import Inventory
+
+log = logging.getLogger("agent.daemon")
+
+
+class DaemonError(RuntimeError):
+    """The agent cannot start or a vital part of it died; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """Options of ``dra-agent run`` beyond the shared Config."""
+
+    rolling_update: bool = False
+    pod_uid: str | None = None
+    shutdown_grace_s: float = 10.0
+    registration_timeout_s: float = 30.0
+    #: Periodic rescan catching what no uevent announces (MIG changes, simulated trees).
+    slow_rescan_s: float = 60.0
+    hotplug_debounce_s: float = 0.2
+    resync_period_s: float = 600.0
+    #: Node addresses (e.g. its InternalIP) whose NIC must never be handed to a pod.
+    node_addresses: tuple[str, ...] = ()
+    #: Root of the NVIDIA driver installation (``/driver-root`` when the host's is mounted).
+    driver_root: Path = Path("/")
+    #: The same installation as the container runtime sees it (paths written into CDI specs).
+    host_driver_root: Path = Path("/")
+
+
+class NoAPIClaimSource:
+    """Claim source of an agent without an API server (kubelet standalone).
+
+    A claim can only be checked against its allocation in the API server, so every prepare
+    gets a per-claim error that says why; unprepare needs no API and keeps working.
+    """
+
+    def get(self, ref: ClaimRef) -> Mapping[str, Any]:
+        raise ClaimFetchError(
+            str(ref), "no API server configured (--kubeconfig none): the claim cannot be read"
+        )
+
+
+class PollOnlyEvents:
+    """DeviceEvents with no events: rescans come from the periodic timer only.
+
+    Used for simulated hardware (no uevents describe a generated tree) and where netlink is
+    not available (a sandbox without AF_NETLINK).
+    """
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+
+    def poll(self, timeout: float) -> None:
+        self._stop.wait(timeout)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class Daemon:
+    """One running agent. ``run()`` blocks until ``request_stop()`` or a fatal error."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        options: RunOptions | None = None,
+        *,
+        notifier: Notifier | None = None,
+        metrics: Metrics | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.options = options or RunOptions()
+        self.notifier = notifier or Notifier.from_env(environ)
+        self.metrics = metrics or Metrics()
+        self.environ = dict(os.environ if environ is None else environ)
+        self.stop_event = threading.Event()
+        self._fatal: str | None = None
+        self._inventory_lock = threading.Lock()
+        self._inventory = Inventory(devices=())
+        self._threads: dict[str, threading.Thread] = {}
+        self._cleanups: list[Callable[[], None]] = []
+        self.controller: Any = None
+        self.plugin: Any = None
+        self.http: Any = None
+        self.health: Any = None
+
+    # -- inventory -----------------------------------------------------------------------
+
+    @property
+    def inventory(self) -> Inventory:
+        with self._inventory_lock:
+            return self._inventory
+
+    def _publish(self, inventory: Inventory) -> None:
+        """New inventory: remember it for the plugin and hand it to the controller."""
+        from discovery.pools import build_resources
+
+        with self._inventory_lock:
+            self._inventory = inventory
+        self._record_devices(inventory)
+        if self.controller is not None:
+            published = self.health.apply_taints(inventory) if self.health else inventory
+            self.controller.update(build_resources(published, self.cfg.node_name))
+
+    def _record_devices(self, inventory: Inventory) -> None:
+        counts: dict[tuple[str, str], int] = {}
+        unhealthy = {d.name for d in inventory.devices if d.taints}
+        if self.health is not None:
+            unhealthy |= {n for n, h in self.health.snapshot().items() if not h.healthy}
+        for device in inventory.devices:
+            key = (str(device.type), "unhealthy" if device.name in unhealthy else "healthy")
+            counts[key] = counts.get(key, 0) + 1
+        self.metrics.devices.clear()
+        for (kind, health), n in counts.items():
+            self.metrics.devices.labels(type=kind, health=health).set(n)
+
+    # -- start ---------------------------------------------------------------------------
+
+    def _sources(self) -> Any:
+        from discovery.host import host_sources
+        from discovery.simulate import scratch_dir, simulated_sources
+
+        if self.cfg.simulate:
+            tmp = scratch_dir()
+            self._cleanups.append(tmp.cleanup)
+            return simulated_sources(self.cfg.simulate, Path(tmp.name))
+        wants_nvml = bool({"gpu", "mig"} & set(self.cfg.device_types))
+        return host_sources(sysfs_root=self.cfg.sysfs_root, nvml=wants_nvml)
+
+    def _api_client(self) -> Any:
+        from agent.kube import KubeConfigError, api_client, resolve_source
+
+        source = resolve_source(self.cfg.kubeconfig, self.environ)
+        if source.kind == "none":
+            return None  # the controller and each prepare say so
+        explicit = bool(self.cfg.kubeconfig.strip()) or bool(self.environ.get("KUBECONFIG"))
+        if source.kind == "kubeconfig" and not explicit and source.path is not None \
+                and not source.path.is_file():
+            log.warning("no kube credentials found (not in a pod, no KUBECONFIG, no "
+                        "~/.kube/config): controller inactive", extra={"tried": str(source.path)})
+            return None
+        try:
+            client = api_client(self.cfg, self.environ)
+        except KubeConfigError as err:
+            raise DaemonError(str(err)) from err
+        log.info("kube client", extra={"source": source.describe()})
+        return client
+
+    def start(self) -> None:
+        """Bring every part up; raises DaemonError (after undoing what started) on failure."""
+        try:
+            self._start()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self) -> None:
+        from agent import slices
+        from discovery.scan import DiscoveryOptions, discover
+
+        cfg = self.cfg
+        self.notifier.status("discovering devices")
+        sources = self._sources()
+        discovery_options = DiscoveryOptions(
+            device_types=cfg.device_types, node_addresses=self.options.node_addresses
+        )
+        started = time.perf_counter()
+        inventory = discover(sources, discovery_options)
+        self.metrics.discovery_duration.observe(time.perf_counter() - started)
+        for warning in inventory.warnings:
+            log.warning("discovery", extra={"warning": warning})
+        log.info("devices discovered", extra={
+            "devices": len(inventory.devices), "reserved": len(inventory.reserved),
+            "source": sources.label,
+        })
+        with self._inventory_lock:
+            self._inventory = inventory
+
+        self.health = self._start_health(sources)
+        api_client = self._api_client()
+        self.controller = slices.start(
+            api_client, cfg.driver_name, slices.Owner(kind="Node", name=cfg.node_name), None,
+            metrics=self.metrics, resync_period_s=self.options.resync_period_s,
+            stop_event=self.stop_event, on_error=self._background_error,
+        )
+        self._publish(inventory)
+        self._start_plugin(api_client)
+        self._start_hotplug(sources, discovery_options, inventory)
+        self._start_http()
+        watchdog = self.notifier.run_watchdog(self.stop_event, self.healthy, self.environ)
+        if watchdog is not None:
+            self._threads["sd-watchdog"] = watchdog
+        self.notifier.ready(
+            f"serving {len(inventory.devices)} devices; "
+            f"slices {'published' if self.controller.active else 'not published (no API)'}"
+        )
+        log.info("agent ready", extra={"node": cfg.node_name, "driver": cfg.driver_name,
+                                       "devices": len(inventory.devices)})
+
+    def _start_health(self, sources: Any) -> Any:
+        """Device health monitoring (wired in once agent.health lands)."""
+        return None
+
+    def _health_changed(self, _health: Mapping[str, Any]) -> None:
+        self._publish(self.inventory)
+
+    def _start_plugin(self, api_client: Any) -> None:
+        from agent.plugin import AlreadyRunningError, PluginOptions, PluginServer, SocketError
+        from cdi.edits import EditsProvider
+
+        cfg = self.cfg
+        health_servicer = None
+        edits = EditsProvider(
+            driver_root=self.options.driver_root, host_driver_root=self.options.host_driver_root,
+            simulated=bool(cfg.simulate),
+            sysfs_root=cfg.sysfs_root,
+        )
+        options = PluginOptions(
+            driver_name=cfg.driver_name, node_name=cfg.node_name, kubelet_dir=cfg.kubelet_dir,
+            cdi_dir=cfg.cdi_dir, pod_uid=self.options.pod_uid,
+            rolling_update=self.options.rolling_update,
+            registration_timeout_s=self.options.registration_timeout_s,
+        )
+        self.plugin = PluginServer(
+            options, api_client, lambda: self.inventory, edits, self.metrics, health_servicer,
+            claim_source=None if api_client is not None else NoAPIClaimSource(),
+        )
+        try:
+            self.plugin.start()
+        except (AlreadyRunningError, SocketError) as err:
+            self.plugin = None
+            raise DaemonError(str(err)) from err
+
+    def _start_hotplug(self, sources: Any, options: Any, inventory: Inventory) -> None:
+        from discovery.hotplug import HotplugWatcher, UdevEvents
+
+        events: Any
+        if self.cfg.simulate:
+            events = PollOnlyEvents(self.stop_event)
+        else:
+            try:
+                events = UdevEvents()
+            except OSError as err:
+                log.warning("udev events unavailable; hotplug falls back to periodic rescans",
+                            extra={"error": str(err), "every_s": self.options.slow_rescan_s})
+                events = PollOnlyEvents(self.stop_event)
+        watcher = HotplugWatcher(
+            sources, options, self._publish, events,
+            debounce_s=self.options.hotplug_debounce_s,
+            slow_rescan_s=self.options.slow_rescan_s, stop_event=self.stop_event,
+            initial=inventory,
+            on_scan=lambda _inv, seconds: self.metrics.discovery_duration.observe(seconds),
+        )
+        self._threads["discovery-hotplug"] = watcher.start()
+
+    def _start_http(self) -> None:
+        from agent.httpserver import HealthServer, HealthServerError
+
+        if not self.cfg.metrics_address or self.cfg.metrics_address == "none":
+            return
+        self.http = HealthServer(
+            self.cfg.metrics_address, self.metrics.registry,
+            checks={"plugin": self._check_plugin, "threads": self._check_threads},
+            ready_checks={"registered": self._check_registered, "slices": self._check_slices},
+            reuse_port=self.options.rolling_update,
+        )
+        try:
+            self.http.start()
+        except HealthServerError as err:
+            self.http = None
+            raise DaemonError(str(err)) from err
+
+    # -- health checks -------------------------------------------------------------------
+
+    def _check_plugin(self) -> tuple[bool, str]:
+        ok = self.plugin is not None and self.plugin.serving
+        return ok, "DRA socket serving" if ok else "DRA socket not serving"
+
+    def _check_threads(self) -> tuple[bool, str]:
+        dead = sorted(n for n, t in self._threads.items() if not t.is_alive())
+        if dead and not self.stop_event.is_set():
+            return False, f"background thread(s) ended: {', '.join(dead)}"
+        return True, "background threads alive"
+
+    def _check_registered(self) -> tuple[bool, str]:
+        ok = (self.plugin is not None and self.plugin.serving
+              and self.plugin.paths.registration.is_socket())
+        return ok, "both sockets serving" if ok else "registration socket not serving"
+
+    def _check_slices(self) -> tuple[bool, str]:
+        if self.controller is None or not self.controller.active:
+            return True, "no API server: nothing to publish"
+        ok = bool(self.controller.synced(0))
+        return ok, "ResourceSlices published" if ok else "ResourceSlices not yet in sync"
+
+    def healthy(self) -> bool:
+        return self._check_plugin()[0] and self._check_threads()[0]
+
+    # -- run and stop --------------------------------------------------------------------
+
+    def _background_error(self, err: Exception) -> None:
+        log.warning("resourceslice publishing", extra={"error": str(err)})
+
+    def request_stop(self, reason: str) -> None:
+        if not self.stop_event.is_set():
+            log.info("stopping", extra={"reason": reason})
+            self.notifier.stopping(f"stopping: {reason}")
+        self.stop_event.set()
+
+    def run(self) -> int:
+        """Start, then wait for a stop request or a dead background thread; return exit code."""
+        self.start()
+        try:
+            while not self.stop_event.wait(0.5):
+                ok, why = self._check_threads()
+                if not ok:
+                    self._fatal = why
+                    log.error("fatal: a background thread died", extra={"cause": why})
+                    self.request_stop(why)
+        finally:
+            self.shutdown()
+        return 1 if self._fatal else 0
+
+    def shutdown(self) -> None:
+        """Stop everything that started, in reverse order; idempotent."""
+        self.stop_event.set()
+        if self.plugin is not None:
+            # In-flight calls finish within the grace period; sockets are removed.
+            self.plugin.stop(self.options.shutdown_grace_s)
+            self.plugin = None
+        if self.http is not None:
+            self.http.stop()
+            self.http = None
+        if self.controller is not None:
+            self.controller.stop()  # slices stay in the cluster on purpose
+            self.controller = None
+        for name, thread in list(self._threads.items()):
+            thread.join(timeout=5)
+            if thread.is_alive():
+                log.warning("thread did not stop in time", extra={"thread": name})
+        self._threads.clear()
+        while self._cleanups:
+            cleanup = self._cleanups.pop()
+            try:
+                cleanup()
+            except Exception:
+                log.exception("cleanup failed")
+        self.notifier.close()
