@@ -3,6 +3,7 @@ API server (read-only GETs of resource.k8s.io/v1)."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -46,14 +47,24 @@ class Cluster:
         self._node = cfg.node_name
 
     def _list(self, path: str, field_selector: str | None = None) -> list[dict[str, Any]]:
+        """A raw JSON list (plain dicts: the typed models drop fields they do not know)."""
         query = [("fieldSelector", field_selector)] if field_selector else []
         try:
-            data = self._api.call_api(
-                path, "GET", query_params=query, response_type="object",
-                auth_settings=["BearerToken"], _return_http_data_only=True,
-                _preload_content=True)
-        except Exception as err:  # ApiException, urllib3 errors: report, don't trace
-            raise InputError(path, f"cannot list: {getattr(err, 'reason', None) or err}") from err
+            method, url, headers, body, post = self._api.param_serialize(
+                "GET", path, query_params=query, header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"])
+            response = self._api.call_api(method, url, header_params=headers, body=body,
+                                          post_params=post, _request_timeout=30)
+            raw = response.response
+            status, payload = response.status, raw.data
+        except Exception as err:  # urllib3/socket errors: report, don't trace
+            raise InputError(path, f"cannot list: {err}") from err
+        if not 200 <= status < 300:
+            raise InputError(path, f"cannot list: HTTP {status}: {payload[:200]!r}")
+        try:
+            data = json.loads(payload)
+        except ValueError as err:
+            raise InputError(path, f"cannot list: the answer is not JSON ({err})") from err
         items = data.get("items") if isinstance(data, dict) else None
         return [i for i in items or [] if isinstance(i, dict)]
 
