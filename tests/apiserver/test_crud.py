@@ -255,3 +255,20 @@ def test_put_object_seeds_and_get_object_reads(srv: FakeAPIServer,
     assert srv.get_object("resourceclaims", "claim", "seeded")["metadata"]["uid"] == "fixed-uid"
     assert srv.get_object("resourceclaims", "claim", "default") is None
     assert [n["metadata"]["name"] for n in srv.list_objects("namespaces")][-1] == "seeded"
+
+
+def test_put_object_decodes_like_the_server(srv: FakeAPIServer) -> None:
+    from tests.apiserver.conftest import make_slice
+
+    body = make_slice(generate="seed-")
+    body["spec"]["devices"][0]["capacity"] = {"memory": {"value": "2048Mi"}}
+    stored = srv.put_object(body)
+    assert stored["metadata"]["name"].startswith("seed-") and stored["metadata"]["generation"] == 1
+    assert stored["spec"]["devices"][0]["capacity"]["memory"]["value"] == "2Gi"
+    body["spec"]["typo"] = True
+    try:
+        srv.put_object(body)
+    except ValueError as e:
+        assert "spec.typo" in str(e)
+    else:
+        raise AssertionError("a seed with an unknown field must be refused")

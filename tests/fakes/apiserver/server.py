@@ -19,6 +19,7 @@ from .errors import APIError, reason_for
 from .handler import APIServerHTTP
 from .registry import Registry, now_rfc3339
 from .resources import RESOURCE_VERSIONS, ResourceType, default_resources
+from .schema import decode
 from .store import Store
 from .watch import WatchSettings
 from .writes import Writer
@@ -334,18 +335,29 @@ class FakeAPIServer:
             ) from None
 
     def put_object(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Store `obj` as the server would (uid, creationTimestamp, generation, a new revision),
-        bypassing validation; status is kept. Creates a missing namespace. Returns it as stored."""
+        """Store `obj` as the server would keep it (decoded against the schema, quantities in
+        canonical form, defaults applied, uid, creationTimestamp, generation, a new revision),
+        without validation and with `status` kept, so tests can seed allocated claims. A given
+        uid is kept, a missing namespace is created, `generateName` works. Returns the stored
+        (v1) object. Unknown fields or wrong types raise ValueError: a seed is test code."""
         kind = obj.get("kind")
         rtype = next((r for r in self._engine.resources.values() if r.kind == kind), None)
         if rtype is None:
             raise ValueError(f"cannot seed an object of kind {kind!r}")
         version = str(obj.get("apiVersion", "")).rsplit("/", 1)[-1] or "v1"
-        stored = from_version(rtype, obj, version)
+        try:
+            decoded = decode(rtype, version, obj)
+        except APIError as e:
+            raise ValueError(f"cannot seed {kind}: {e.message}") from None
+        if decoded.unknown:
+            raise ValueError(f"cannot seed {kind}: unknown fields {decoded.unknown}")
+        stored = from_version(rtype, decoded.obj, version)
         stored["apiVersion"] = rtype.api_version("v1")
+        stored["kind"] = rtype.kind
         meta = stored.setdefault("metadata", {})
         meta.pop("resourceVersion", None)
-        store = self._engine.store
+        engine = self._engine
+        store = engine.store
         with store.cond:
             ns = meta.get("namespace", "")
             if rtype.namespaced:
@@ -353,17 +365,15 @@ class FakeAPIServer:
                     raise ValueError("a namespaced object needs metadata.namespace")
                 if store.get("namespaces", ("", ns)) is None:
                     self.put_object(
-                        {
-                            "apiVersion": "v1",
-                            "kind": "Namespace",
-                            "metadata": {"name": ns},
-                            "spec": {"finalizers": ["kubernetes"]},
-                            "status": {"phase": "Active"},
-                        }
+                        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
                     )
             else:
                 meta.pop("namespace", None)
                 ns = ""
+            if not meta.get("name"):
+                if not meta.get("generateName"):
+                    raise ValueError("the object needs metadata.name or metadata.generateName")
+                meta["name"] = engine.writer.generate_name(meta["generateName"])
             key = (ns, meta["name"])
             old = store.get(rtype.plural, key)
             meta.setdefault("uid", old["metadata"]["uid"] if old else str(uuid.uuid4()))
@@ -376,6 +386,10 @@ class FakeAPIServer:
                 if old and old.get("spec") != stored.get("spec"):
                     gen += 1
                 meta.setdefault("generation", gen)
+            if rtype.plural == "namespaces":
+                stored.setdefault("spec", {"finalizers": ["kubernetes"]})
+                stored.setdefault("status", {"phase": "Active"})
+            engine.writer.prepare(rtype, stored, old)
             return store.commit(rtype.plural, key, stored)
 
     def get_object(

@@ -87,7 +87,7 @@ class Writer:
         obj.setdefault("metadata", {})
         return obj, warnings
 
-    def _prepare(self, rtype: ResourceType, obj: Obj, old: Obj | None) -> None:
+    def prepare(self, rtype: ResourceType, obj: Obj, old: Obj | None) -> None:
         """Strategy PrepareFor{Create,Update}: gate drops and server-side defaults."""
         spec = obj.get("spec")
         if rtype.plural == "resourceslices" and isinstance(spec, dict):
@@ -142,8 +142,8 @@ class Writer:
             obj["status"] = {"phase": "Active"}
         generate = meta.get("generateName", "")
         if not meta.get("name") and generate:
-            meta["name"] = self._generated(generate)
-        self._prepare(rtype, obj, None)
+            meta["name"] = self.generate_name(generate)
+        self.prepare(rtype, obj, None)
         self._validate(req, obj, None)
         store = self.reg.store
         with store.cond:
@@ -163,7 +163,7 @@ class Writer:
                         meta["name"],
                         terminating=bool(existing["metadata"].get("deletionTimestamp")),
                     )
-                meta["name"] = self._generated(generate)
+                meta["name"] = self.generate_name(generate)
             if req.dry_run:
                 return self.reg.served(route, obj)
             stored = store.commit(rtype.plural, key_of(obj), obj)
@@ -175,7 +175,7 @@ class Writer:
             )
             return self.reg.served(route, stored)
 
-    def _generated(self, prefix: str) -> str:
+    def generate_name(self, prefix: str) -> str:
         suffix = "".join(self.rng.choice(NAME_ALPHABET) for _ in range(5))
         return prefix[:MAX_GENERATED_PREFIX] + suffix
 
@@ -247,7 +247,7 @@ class Writer:
             if "generateName" not in old_meta:
                 meta.pop("generateName", None)
         meta["resourceVersion"] = old_meta["resourceVersion"]
-        self._prepare(rtype, obj, old)
+        self.prepare(rtype, obj, old)
         self._validate(req, obj, old)
         if rtype.spec_generation and obj.get("spec") != old.get("spec"):
             meta["generation"] = old_meta.get("generation", 0) + 1
