@@ -51,6 +51,7 @@ class RunOptions:
     driver_root: Path = Path("/")
     #: The same installation as the container runtime sees it (paths written into CDI specs).
     host_driver_root: Path = Path("/")
+    boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
 
 
 class NoAPIClaimSource:
@@ -247,6 +248,7 @@ class Daemon:
             cdi_dir=cfg.cdi_dir, pod_uid=self.options.pod_uid,
             rolling_update=self.options.rolling_update,
             registration_timeout_s=self.options.registration_timeout_s,
+            boot_id_path=self.options.boot_id_path,
         )
         self.plugin = PluginServer(
             options, api_client, lambda: self.inventory, edits, self.metrics, health_servicer,

@@ -41,6 +41,10 @@ FORCED_EXIT = 130
               show_default=True, envvar="DRA_AGENT_HOST_DRIVER_ROOT", show_envvar=True,
               help="The same driver installation as the container runtime sees it on the host "
                    "(e.g. /run/nvidia/driver for a containerised driver).")
+@click.option("--boot-id-file", type=click.Path(dir_okay=False),
+              default="/proc/sys/kernel/random/boot_id", show_default=True,
+              envvar="DRA_AGENT_BOOT_ID_FILE", show_envvar=True, hidden=True,
+              help="Where the Linux boot ID is read (tests simulate a reboot with it).")
 @click.option("--node-address", "node_addresses", multiple=True,
               envvar="DRA_AGENT_NODE_ADDRESS", show_envvar=True,
               help="A node address whose NIC is never offered (repeatable).")
@@ -62,6 +66,7 @@ def command(**kwargs: Any) -> None:
         shutdown_grace_s=kwargs["shutdown_grace_s"], slow_rescan_s=kwargs["slow_rescan_s"],
         node_addresses=kwargs["node_addresses"], driver_root=Path(kwargs["driver_root"]),
         host_driver_root=Path(kwargs["host_driver_root"]),
+        boot_id_path=Path(kwargs["boot_id_file"]),
     ))
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
