@@ -1,0 +1,46 @@
+"""Device health: taints that come and go with the hardware, and the kubelet health stream.
+
+    monitor = HealthMonitor(sources, driver, HealthOptions(), on_change, metrics)
+    monitor.start(inventory_provider)      # first state computed before it returns
+    resources = build_resources(monitor.apply_taints(inventory), pool)
+    servicer = HealthServicer(monitor, pool_name)   # PluginServer(health_servicer=...)
+    monitor.stop()
+
+Signals: NVML events (Xids outside the ignore list, double-bit ECC, lost GPUs; polled
+fallback), NIC carrier/operstate and RDMA port state from sysfs, vanished PCI functions.
+Effects: ``<driver>/xid|ecc|gpu-lost|link-down|unmonitored`` device taints and the
+``v1alpha1.DRAResourceHealth`` stream; a device whose signal stays clear for the quiet period
+is healthy again.
+"""
+
+from agent.health.model import ChangeFeed, Condition, DeviceHealth, HealthState, Kind
+from agent.health.monitor import HealthMonitor
+from agent.health.options import (
+    DEFAULT_EFFECTS,
+    HealthConfigError,
+    HealthOptions,
+    parse_effects,
+    parse_xids,
+)
+from agent.health.stream import HealthServicer
+from agent.health.taints import apply_taints, taint_key
+from agent.health.xids import DEFAULT_IGNORED_XIDS, describe_xid
+
+__all__ = [
+    "DEFAULT_EFFECTS",
+    "DEFAULT_IGNORED_XIDS",
+    "ChangeFeed",
+    "Condition",
+    "DeviceHealth",
+    "HealthConfigError",
+    "HealthMonitor",
+    "HealthOptions",
+    "HealthServicer",
+    "HealthState",
+    "Kind",
+    "apply_taints",
+    "describe_xid",
+    "parse_effects",
+    "parse_xids",
+    "taint_key",
+]
