@@ -160,3 +160,27 @@ def test_dry_run_stores_nothing(srv: FakeAPIServer, rapi: client.ResourceV1Api) 
     assert out["metadata"]["name"] == "s1"
     assert srv.get_object("resourceslices", "s1") is None
     assert srv.resource_version == before
+
+
+def test_apply_to_claim_status_changes_only_status(rapi: client.ResourceV1Api) -> None:
+    raw(rapi.create_namespaced_resource_claim, "default", make_claim())
+    result = {"driver": "d.io", "pool": "p", "device": "gpu-0", "request": "gpu"}
+    raw(rapi.patch_namespaced_resource_claim_status, "claim", "default",
+        {"status": {"allocation": {"devices": {"results": [result]}}}}, _content_type=MERGE)
+    cfg = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+           "metadata": {"name": "claim", "namespace": "default", "labels": {"x": "y"}},
+           "status": {"devices": [{"driver": "d.io", "pool": "p", "device": "gpu-0",
+                                   "conditions": []}]}}
+    out = raw(rapi.patch_namespaced_resource_claim_status, "claim", "default", cfg,
+              field_manager="d.io", force=True, _content_type=APPLY)
+    assert out["status"]["devices"][0]["device"] == "gpu-0"
+    assert out["status"]["allocation"]["devices"]["results"] == [result]
+    assert "labels" not in out["metadata"]
+
+
+def test_racing_updates_one_wins_one_gets_409(rapi: client.ResourceV1Api) -> None:
+    base = raw(rapi.create_resource_slice, make_slice("s1"))
+    a = {**base, "spec": {**base["spec"], "devices": []}}
+    b = {**base, "spec": {**base["spec"], "devices": [{"name": "other"}]}}
+    raw(rapi.replace_resource_slice, "s1", a)
+    assert fails(rapi.replace_resource_slice, "s1", b)[0] == 409
