@@ -19,15 +19,8 @@ from typing import Any
 from agent.explain.cel_env import CelEnv, CompiledSelector
 from agent.explain.cel_lib import SelectorRuntimeError
 from agent.explain.constraints import Tracker
-from agent.explain.model import (
-    MAX_RESULTS,
-    Capacity,
-    Claim,
-    Device,
-    DeviceClass,
-    DeviceID,
-    Request,
-)
+from agent.explain.devices import Capacity, Device
+from agent.explain.model import MAX_RESULTS, Claim, DeviceClass, DeviceID, Request
 from agent.explain.pools import AllocatedState, Node, PoolView, available_counters, node_matches
 from agent.explain.reasons import (
     ALLOCATED,

@@ -16,18 +16,9 @@ from agent.explain.allocator import (
 )
 from agent.explain.cel_env import CelEnv
 from agent.explain.constraints import Tracker
+from agent.explain.devices import AllocatedDevice, parse_allocated, parse_slice
 from agent.explain.docs import Doc, InputError, from_object
-from agent.explain.model import (
-    ALL,
-    MAX_RESULTS,
-    AllocatedDevice,
-    Claim,
-    DeviceClass,
-    parse_allocated,
-    parse_claim,
-    parse_class,
-    parse_slice,
-)
+from agent.explain.model import ALL, MAX_RESULTS, Claim, DeviceClass, parse_claim, parse_class
 from agent.explain.pools import AllocatedState, Node, PoolView, gather_pools
 from agent.explain.reasons import ALLOCATED, SELECTOR_ERROR, DeviceVerdict, Reason, RequestReport
 from agent.explain.result import ExplainResult, PoolReport

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.explain.cel_lib import QTAG, VTAG, SelectorRuntimeError, k8s_functions, load_cel
+from agent.explain.devices import Device
 from agent.explain.docs import InputError
-from agent.explain.model import Device, Selector, device_id_str
+from agent.explain.model import Selector, device_id_str
 from agent.explain.values import parse_semver
 
 #: Functions of CEL itself and of the libraries Kubernetes adds that selectors may call.

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.explain.model import Constraint, Device
+from agent.explain.devices import Device
+from agent.explain.model import Constraint
 from agent.explain.reasons import CONSTRAINT, Reason
 
 

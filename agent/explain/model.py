@@ -14,7 +14,7 @@ from typing import Any
 
 from agent.explain import schema
 from agent.explain.docs import Doc, Path_
-from agent.explain.values import ValueParseError, parse_quantity, parse_semver
+from agent.explain.values import ValueParseError, parse_quantity
 from discovery.model import Taint
 
 ALL = "All"
@@ -115,66 +115,7 @@ class DeviceClass:
     config: tuple[Mapping[str, Any], ...] = ()  # opaque configurations
 
 
-@dataclass(frozen=True, slots=True)
-class Capacity:
-    value: Fraction
-    raw: str
-    default: Fraction | None = None
-    valid_values: tuple[Fraction, ...] = ()
-    range_min: Fraction | None = None
-    range_max: Fraction | None = None
-    range_step: Fraction | None = None
-    has_policy: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Device:
-    name: str
-    driver: str
-    pool: str
-    attributes: Mapping[str, tuple[str, Any]]  # qualified name -> (kind, value)
-    capacity: Mapping[str, Capacity]
-    taints: tuple[Taint, ...] = ()
-    consumes: tuple[tuple[str, Mapping[str, Fraction]], ...] = ()
-    allow_multiple: bool = False
-    binds_to_node: bool = False
-    binding_conditions: tuple[str, ...] = ()
-    binding_failure_conditions: tuple[str, ...] = ()
-    node_name: str = ""
-    all_nodes: bool = False
-    node_selector: Mapping[str, Any] | None = None
-
-    @property
-    def id(self) -> DeviceID:
-        return (self.driver, self.pool, self.name)
-
-    def attribute(self, qualified: str) -> tuple[str, Any] | None:
-        """Look up a fully qualified name; unqualified keys belong to the driver's domain."""
-        found = self.attributes.get(qualified)
-        if found is not None:
-            return found
-        domain, _, ident = qualified.partition("/")
-        if ident and domain == self.driver:
-            return self.attributes.get(ident)
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class Slice:
-    name: str
-    driver: str
-    pool: str
-    generation: int
-    slice_count: int
-    devices: tuple[Device, ...] = ()
-    shared_counters: Mapping[str, Mapping[str, Fraction]] = field(default_factory=dict)
-    node_name: str = ""
-    all_nodes: bool = False
-    node_selector: Mapping[str, Any] | None = None
-    per_device: bool = False
-
-
-def _get(obj: Mapping[str, Any], *keys: str | int) -> Any:
+def get_path(obj: Mapping[str, Any], *keys: str | int) -> Any:
     cur: Any = obj
     for key in keys:
         if not isinstance(cur, Mapping):
@@ -183,7 +124,7 @@ def _get(obj: Mapping[str, Any], *keys: str | int) -> Any:
     return cur
 
 
-def _qty(doc: Doc, path: Path_, value: Any) -> Fraction:
+def quantity_at(doc: Doc, path: Path_, value: Any) -> Fraction:
     try:
         return parse_quantity(value)
     except ValueParseError as err:
@@ -193,7 +134,7 @@ def _qty(doc: Doc, path: Path_, value: Any) -> Fraction:
 def _selectors(doc: Doc, path: Path_, raw: list[Any] | None, owner: str) -> tuple[Selector, ...]:
     out = []
     for i, sel in enumerate(raw or []):
-        expr = _get(sel, "cel", "expression")
+        expr = get_path(sel, "cel", "expression")
         if not isinstance(expr, str) or not expr.strip():
             raise doc.error((*path, i), "selector needs cel.expression")
         if len(expr.encode()) > MAX_EXPRESSION_LENGTH:
@@ -225,10 +166,10 @@ def _request(doc: Doc, path: Path_, raw: Mapping[str, Any], base: str, sub: str 
             raise doc.error((*path, "tolerations", i), "an empty key needs operator Exists")
         tolerations.append(Toleration(t.get("key", ""), op, t.get("value", ""),
                                       t.get("effect", "")))
-    cap_raw = _get(raw, "capacity", "requests")
+    cap_raw = get_path(raw, "capacity", "requests")
     capacity = None
     if cap_raw is not None:
-        capacity = {k: _qty(doc, (*path, "capacity", "requests", k), v)
+        capacity = {k: quantity_at(doc, (*path, "capacity", "requests", k), v)
                     for k, v in cap_raw.items()}
     owner = f"request {name}"
     return Request(
@@ -248,7 +189,7 @@ def parse_claim(doc: Doc) -> Claim:
         raise doc.error(("kind",), f"expected a ResourceClaim, got {kind}")
     schema.check(doc, kind)
     spec_path: Path_ = ("spec",) if kind == "ResourceClaim" else ("spec", "spec")
-    devices = _get(obj, *spec_path, "devices") or {}
+    devices = get_path(obj, *spec_path, "devices") or {}
     dpath: Path_ = (*spec_path, "devices")
     requests: list[ClaimRequest] = []
     seen: set[str] = set()
@@ -309,140 +250,10 @@ def parse_class(doc: Doc) -> DeviceClass:
     if (obj.get("kind") or "DeviceClass") != "DeviceClass":
         raise doc.error(("kind",), f"expected a DeviceClass, got {obj.get('kind')}")
     schema.check(doc, "DeviceClass")
-    name = _get(obj, "metadata", "name")
+    name = get_path(obj, "metadata", "name")
     if not name:
         raise doc.error(("metadata",), "a DeviceClass needs metadata.name")
     spec = obj.get("spec") or {}
     selectors = _selectors(doc, ("spec", "selectors"), spec.get("selectors"), f"class {name}")
     config = tuple(c["opaque"] for c in spec.get("config") or () if c.get("opaque") is not None)
     return DeviceClass(str(name), selectors, config)
-
-
-def _attribute(doc: Doc, path: Path_, raw: Mapping[str, Any]) -> tuple[str, Any]:
-    if len(raw) != 1:
-        raise doc.error(path, "an attribute needs exactly one of int, bool, string, version")
-    kind, value = next(iter(raw.items()))
-    if kind == "version":
-        try:
-            parse_semver(value)
-        except ValueParseError as err:
-            raise doc.error((*path, kind), str(err)) from None
-    return kind, value
-
-
-def _capacity(doc: Doc, path: Path_, raw: Mapping[str, Any]) -> Capacity:
-    policy = raw.get("requestPolicy") or {}
-    rng = policy.get("validRange") or {}
-    ppath = (*path, "requestPolicy")
-
-    def opt(v: Any, p: Path_) -> Fraction | None:
-        return None if v is None else _qty(doc, p, v)
-
-    return Capacity(
-        value=_qty(doc, (*path, "value"), raw.get("value")),
-        raw=str(raw.get("value")),
-        default=opt(policy.get("default"), (*ppath, "default")),
-        valid_values=tuple(_qty(doc, (*ppath, "validValues", i), v)
-                           for i, v in enumerate(policy.get("validValues") or [])),
-        range_min=opt(rng.get("min"), (*ppath, "validRange", "min")),
-        range_max=opt(rng.get("max"), (*ppath, "validRange", "max")),
-        range_step=opt(rng.get("step"), (*ppath, "validRange", "step")),
-        has_policy=bool(policy),
-    )
-
-
-def _counters(doc: Doc, path: Path_, raw: Mapping[str, Any]) -> dict[str, Fraction]:
-    return {k: _qty(doc, (*path, k, "value"), _get(v, "value")) for k, v in raw.items()}
-
-
-def parse_slice(doc: Doc) -> Slice:
-    obj = doc.obj
-    if (obj.get("kind") or "ResourceSlice") != "ResourceSlice":
-        raise doc.error(("kind",), f"expected a ResourceSlice, got {obj.get('kind')}")
-    if str(obj.get("apiVersion", "")).endswith("/v1beta1"):
-        obj = _flatten_v1beta1(obj)
-        doc = Doc(obj, doc.source, doc.lines, doc.base)
-    schema.check(doc, "ResourceSlice")
-    spec = obj.get("spec") or {}
-    driver, pool = spec.get("driver"), spec.get("pool") or {}
-    if not driver or not pool.get("name"):
-        raise doc.error(("spec",), "a ResourceSlice needs spec.driver and spec.pool.name")
-    devices = []
-    for i, d in enumerate(spec.get("devices") or []):
-        path: Path_ = ("spec", "devices", i)
-        if not d.get("name"):
-            raise doc.error(path, "a device needs a name")
-        attrs = {k: _attribute(doc, (*path, "attributes", k), v)
-                 for k, v in (d.get("attributes") or {}).items()}
-        caps = {k: _capacity(doc, (*path, "capacity", k), v)
-                for k, v in (d.get("capacity") or {}).items()}
-        taints = tuple(Taint(key=t["key"], effect=t.get("effect", ""), value=t.get("value", ""))
-                       for t in d.get("taints") or ())
-        consumes = tuple(
-            (str(c.get("counterSet")),
-             _counters(doc, (*path, "consumesCounters", j, "counters"), c.get("counters") or {}))
-            for j, c in enumerate(d.get("consumesCounters") or ()))
-        devices.append(Device(
-            name=d["name"], driver=driver, pool=pool["name"], attributes=attrs, capacity=caps,
-            taints=taints, consumes=consumes,
-            allow_multiple=bool(d.get("allowMultipleAllocations")),
-            binds_to_node=bool(d.get("bindsToNode")),
-            binding_conditions=tuple(d.get("bindingConditions") or ()),
-            binding_failure_conditions=tuple(d.get("bindingFailureConditions") or ()),
-            node_name=d.get("nodeName") or "", all_nodes=bool(d.get("allNodes")),
-            node_selector=d.get("nodeSelector"),
-        ))
-    counters = {str(c.get("name")): _counters(doc, ("spec", "sharedCounters", i, "counters"),
-                                              c.get("counters") or {})
-                for i, c in enumerate(spec.get("sharedCounters") or [])}
-    return Slice(
-        name=str(_get(obj, "metadata", "name") or _get(obj, "metadata", "generateName")
-                 or f"{driver}-{pool['name']}"),
-        driver=driver, pool=pool["name"], generation=int(pool.get("generation") or 0),
-        slice_count=int(pool.get("resourceSliceCount") or 1), devices=tuple(devices),
-        shared_counters=counters, node_name=spec.get("nodeName") or "",
-        all_nodes=bool(spec.get("allNodes")), node_selector=spec.get("nodeSelector"),
-        per_device=bool(spec.get("perDeviceNodeSelection")),
-    )
-
-
-def _flatten_v1beta1(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """v1beta1 nests device fields under ``basic``; the rest of the slice is the same."""
-    out = dict(obj)
-    spec = dict(out.get("spec") or {})
-    spec["devices"] = [{"name": d.get("name"), **(d.get("basic") or {})}
-                       for d in spec.get("devices") or []]
-    out["spec"] = spec
-    return out
-
-
-
-@dataclass(frozen=True, slots=True)
-class AllocatedDevice:
-    """One result of another claim's ``status.allocation`` (what the scheduler counts as used)."""
-
-    claim: str  # namespace/name
-    device: DeviceID
-    admin_access: bool
-    share_id: str | None
-    consumed: Mapping[str, Fraction]
-
-
-def parse_allocated(doc: Doc) -> list[AllocatedDevice]:
-    """The allocation results of a ResourceClaim; an unallocated claim yields nothing."""
-    obj = doc.obj
-    meta = obj.get("metadata") or {}
-    claim = f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
-    results = _get(obj, "status", "allocation", "devices", "results") or []
-    if not isinstance(results, list):
-        raise doc.error(("status", "allocation", "devices", "results"), "expected a list")
-    out = []
-    for i, r in enumerate(results):
-        path: Path_ = ("status", "allocation", "devices", "results", i)
-        if not isinstance(r, Mapping) or not all(r.get(k) for k in ("driver", "pool", "device")):
-            raise doc.error(path, "a result needs driver, pool and device")
-        consumed = {k: _qty(doc, (*path, "consumedCapacity", k), v)
-                    for k, v in (r.get("consumedCapacity") or {}).items()}
-        out.append(AllocatedDevice(claim, (r["driver"], r["pool"], r["device"]),
-                                   bool(r.get("adminAccess")), r.get("shareID"), consumed))
-    return out

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from agent.explain.model import AllocatedDevice, Device, DeviceID, Slice
+from agent.explain.devices import AllocatedDevice, Device, Slice
+from agent.explain.model import DeviceID
 
 
 @dataclass(frozen=True, slots=True)

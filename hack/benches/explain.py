@@ -124,8 +124,9 @@ def _distinct_devices(claim: dict[str, Any], slices: list[dict[str, Any]]) -> li
     """A bad case for CEL: the expression reads the PCIe root, so devices share a converted
     view only with those on the same root and of the same type (256 views)."""
     from agent.explain.cel_env import CelEnv
+    from agent.explain.devices import parse_slice
     from agent.explain.docs import from_object
-    from agent.explain.model import Selector, parse_slice
+    from agent.explain.model import Selector
 
     devices = [d for s in slices for d in parse_slice(from_object(s)).devices]
     env = CelEnv()

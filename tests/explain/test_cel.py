@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from agent.explain.cel_env import CelEnv, split_conjuncts
 from agent.explain.cel_lib import SelectorRuntimeError
+from agent.explain.devices import Capacity, Device
 from agent.explain.docs import InputError
-from agent.explain.model import Capacity, Device, Selector
+from agent.explain.model import Selector
 
 D = "gpu.example.com"
 

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.explain.devices import parse_slice
 from agent.explain.docs import InputError, load_text
-from agent.explain.model import parse_claim, parse_class, parse_slice
+from agent.explain.model import parse_claim, parse_class
 from agent.explain.schema import SCHEMA
 
 SWAGGER = Path(__file__).resolve().parents[1] / "data" / "k8s-openapi" / "swagger-release-1.36.json"
