@@ -32,7 +32,7 @@ VENDORS = {
 }
 
 #: Attributes dropped first when a device would exceed the API's 32 entries.
-_OPTIONAL_ORDER = ("pciDeviceID", "pciVendorID", "driver", "state", "linkSpeed", "vendor")
+_OPTIONAL_ORDER = ("pciDeviceID", "pciVendorID", "driver", "vendor")
 #: Never dropped while anything else can go: identity and topology (plus every qualified name).
 _KEEP = frozenset({"uuid", "productName", "profile", "parentUUID", "minor", "index", "ifName",
                    "rdmaDevice", "isVF", "parentPF", "pcieSwitch"})

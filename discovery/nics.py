@@ -91,16 +91,28 @@ def _iface_attrs(fn: PciFunction, iface: str) -> dict[str, AttributeValue]:
     mtu = read_int(d / "mtu")
     if mtu is not None:
         attrs["mtu"] = mtu
-    speed = read_int(d / "speed")
-    if speed is not None and speed > 0:
-        attrs["linkSpeed"] = speed  # Mb/s; -1 or unreadable while the link is down
-    state = read_text(d / "operstate")
-    if state:
-        attrs["state"] = state
     link = read_int(d / "type")
     if link is not None and link in LINK_TYPES:
         attrs["linkType"] = LINK_TYPES[link]
     return attrs
+
+
+def _link_facts(fn: PciFunction, iface: str) -> dict[str, str]:
+    """Link state and negotiated speed: shown by ``discover``, never published.
+
+    Both change whenever the link flaps; as attributes they would turn every flap into a
+    ResourceSlice write and let the scheduler race a cable. Link health is published as a
+    device taint by the health monitor instead.
+    """
+    d = net_dir(fn, iface)
+    facts: dict[str, str] = {}
+    state = read_text(d / "operstate")
+    if state:
+        facts["operstate"] = state
+    speed = read_int(d / "speed")
+    if speed is not None and speed > 0:
+        facts["speedMbps"] = str(speed)  # -1 or unreadable while the link is down
+    return facts
 
 
 def _dev_nodes(fn: PciFunction) -> tuple[str, ...]:
@@ -188,6 +200,7 @@ def scan_nics(
             iommu_group=fn.iommu_group,
             driver=fn.driver,
             parent_pf=fn.physfn,
+            extra=_link_facts(fn, iface) if iface else {},
         )
         out.devices.append(Device(name, kind, attrs, {}, host))
     return out

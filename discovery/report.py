@@ -42,13 +42,14 @@ def details(device: Device) -> str:
         parts.append(f"memory={device.capacity['memory']}")
     if "multiprocessors" in device.capacity:
         parts.append(f"sm={device.capacity['multiprocessors']}")
-    for key, label in (("ifName", "if"), ("rdmaDevice", "rdma"), ("state", "state"),
+    for key, label in (("ifName", "if"), ("rdmaDevice", "rdma"),
                        ("parentPF", "pf"), ("cardIndex", "card"), ("renderIndex", "render")):
         if key in a:
             parts.append(f"{label}={_attr(device, key)}")
-    if "linkSpeed" in a:
-        speed = a["linkSpeed"]
-        parts.append(f"speed={int(speed) // 1000}G" if isinstance(speed, int) else "")
+    if "operstate" in device.host.extra:
+        parts.append(f"state={device.host.extra['operstate']}")
+    if device.host.extra.get("speedMbps", "").isdigit():
+        parts.append(f"speed={int(device.host.extra['speedMbps']) // 1000}G")
     if "sriovTotalVFs" in a:
         parts.append(f"vfs={a.get('sriovNumVFs')}/{a['sriovTotalVFs']}")
     if device.host.driver == "vfio-pci":

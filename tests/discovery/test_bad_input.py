@@ -97,7 +97,7 @@ def test_unreadable_attribute_file_is_logged_not_fatal(
     speed.mkdir()  # reading it fails with EISDIR, like EINVAL on a down link
     with caplog.at_level(logging.INFO):
         devices = discover(_sources(workdir)).by_name()
-    assert "linkSpeed" not in devices["nic-0000-03-00-0"].attributes
+    assert "speedMbps" not in devices["nic-0000-03-00-0"].host.extra
     assert devices["nic-0000-03-00-0"].attributes["ifName"] == "eth3"
     assert _logged_file(caplog, speed)
 
