@@ -35,6 +35,8 @@ from agent.explain.reasons import (
 )
 from agent.explain.values import format_quantity
 
+_UNSET = object()
+
 
 class TooManyDevicesError(Exception):
     """More than 32 results would be needed: prune like upstream, try fewer-device options."""
@@ -170,6 +172,8 @@ class Search:
     available: dict[str, dict[str, dict[str, Fraction]]] = field(default_factory=dict)
     dynamic: dict[tuple[int, int], dict[DeviceID, Reason]] = field(default_factory=dict)
     steps: int = 0
+    # (request, CEL view of the device) -> selector verdict; runtime errors are not cached
+    selector_reasons: dict[tuple[tuple[int, int], int], object] = field(default_factory=dict)
     share_ids: Callable[[], str] = field(default=lambda: str(uuid.uuid4()))
 
     # --- checks shared with the report ----------------------------------------------------
@@ -177,6 +181,16 @@ class Search:
     def selectable(self, rd: ReqData, entry: Entry) -> Reason | None:
         """Class selectors, then request selectors, then per-device node selection."""
         device = entry.device
+        view = (rd.key, self.env.view(device))
+        reason = self.selector_reasons.get(view, _UNSET)
+        if reason is _UNSET:
+            reason = self.selector_reasons[view] = self._selectors(rd, device)
+        if reason is None and entry.per_device and not node_matches(
+                self.node, device.node_name, device.all_nodes, device.node_selector):
+            return Reason(NODE, f"not available on node {self.node.name}")
+        return reason if isinstance(reason, Reason) else None
+
+    def _selectors(self, rd: ReqData, device: Device) -> Reason | None:
         for cs in rd.class_selectors + rd.selectors:
             try:
                 ok = self.env.matches(cs, device)
@@ -190,9 +204,6 @@ class Search:
                               f"false: {part}",
                               {"owner": cs.selector.owner, "index": cs.selector.index,
                                "expression": cs.selector.expression, "failing": part})
-        if entry.per_device and not node_matches(
-                self.node, device.node_name, device.all_nodes, device.node_selector):
-            return Reason(NODE, f"not available on node {self.node.name}")
         return None
 
     def in_use(self, rd: ReqData, did: DeviceID, allow_multiple: bool) -> Reason | None:

@@ -214,6 +214,7 @@ def _reports(search: Search, fits: bool) -> list[RequestReport]:
     verdicts: dict[tuple[int, int], list[DeviceVerdict]] = {k: [] for k in search.data}
     for entry in search.entries:  # device-major: one CEL binding per device
         d = entry.device
+        where = _location(entry)
         for key, rd in search.data.items():
             reason = _static_reason(search, rd, entry)
             picked = d.id in chosen_ids.get(key, set())
@@ -221,7 +222,7 @@ def _reports(search: Search, fits: bool) -> list[RequestReport]:
                 reason = (_final_reason(search, rd, entry) if fits
                           else search.dynamic.get(key, {}).get(d.id))
             verdicts[key].append(DeviceVerdict(d.driver, d.pool, d.name, picked,
-                                               None if picked else reason, _location(entry)))
+                                               None if picked else reason, where))
     out = []
     for (ri, si), rd in search.data.items():
         if fits:

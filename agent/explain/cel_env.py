@@ -222,6 +222,10 @@ class CelEnv:
         return {"driver": device.driver, "allowMultipleAllocations": device.allow_multiple,
                 "attributes": attrs, "capacity": caps}
 
+    def view(self, device: Device) -> int:
+        """Devices with the same view get the same verdict from every compiled selector."""
+        return self._key(device)
+
     def _key(self, device: Device) -> int:
         """What the expressions can see of the device, as a small number: equal views give
         equal verdicts, so eight identical GPUs cost one evaluation, not eight."""

@@ -128,17 +128,35 @@ def _check_spec(doc: Doc, spec: str, value: Any, path: Path_) -> None:
         if not isinstance(value, list):
             raise doc.error(path, f"expected a list, got {_type(value)}")
         for i, item in enumerate(value):
-            _check_spec(doc, rest, item, (*path, i))
+            if not _flat_ok(rest, item):
+                _check_spec(doc, rest, item, (*path, i))
     elif kind == "M":
         if not isinstance(value, dict):
             raise doc.error(path, f"expected a map, got {_type(value)}")
         for key, item in value.items():
-            _check_spec(doc, rest, item, (*path, str(key)))
+            if not _flat_ok(rest, item):
+                _check_spec(doc, rest, item, (*path, str(key)))
     else:
         allowed = _SCALARS[spec]
         bad_bool = isinstance(value, bool) and bool not in allowed
         if bad_bool or not isinstance(value, allowed):
             raise doc.error(path, f"expected {spec}, got {_type(value)} {value!r}")
+
+
+def _flat_ok(spec: str, item: Any) -> bool:
+    """Fast path for objects whose fields are all scalars (attributes, counters, taints): True
+    when the item is certainly valid; False sends it through the full check (and its error)."""
+    if not spec.startswith("T:") or not isinstance(item, dict):
+        return False
+    fields = SCHEMA[spec[2:]]
+    if not fields.keys() >= item.keys():
+        return False
+    for key, v in item.items():
+        allowed = _SCALARS.get(fields[key])
+        if allowed is None or not isinstance(v, allowed) or (
+                isinstance(v, bool) and bool not in allowed):
+            return False
+    return True
 
 
 def _type(value: Any) -> str:
