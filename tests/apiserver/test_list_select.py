@@ -197,3 +197,21 @@ def test_claim_templates_are_served(rapi: client.ResourceV1Api) -> None:
     assert out["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 1
     assert [t.metadata.name for t in
             rapi.list_namespaced_resource_claim_template("default").items] == ["t"]
+
+
+def test_paging_across_namespaces_visits_each_claim_once(srv: FakeAPIServer,
+                                                         rapi: client.ResourceV1Api) -> None:
+    from tests.apiserver.conftest import make_claim
+
+    for ns, name in (("a", "x"), ("a-b", "y"), ("a", "z"), ("b", "w")):
+        srv.put_object(make_claim(name, ns))
+    seen, token = [], None
+    while True:
+        kwargs = {"limit": 1, "_continue": token} if token else {"limit": 1}
+        page = raw(rapi.list_resource_claim_for_all_namespaces, **kwargs)
+        seen += [(i["metadata"]["namespace"], i["metadata"]["name"]) for i in page["items"]]
+        token = page["metadata"].get("continue")
+        if not token:
+            break
+    # etcd key order: "a-b/..." sorts before "a/..." because '-' < '/'.
+    assert seen == [("a-b", "y"), ("a", "x"), ("a", "z"), ("b", "w")]

@@ -20,7 +20,7 @@ from .convert import to_version
 from .errors import APIError, FieldError, bad_request
 from .resources import ResourceType, Route
 from .selectors import make_matcher, parse_field_selector, parse_label_selector
-from .store import Key, Store, TooOldError
+from .store import Key, Store, TooOldError, key_text
 from .validation import DEFAULT_FEATURE_GATES
 
 Obj = dict[str, Any]
@@ -70,10 +70,6 @@ def _decode_continue(token: str) -> tuple[int, str]:
         return data["rv"], str(data["start"])
     except (ValueError, binascii.Error, json.JSONDecodeError, TypeError, AttributeError) as e:
         raise bad_request(f"invalid continue token: {e}") from None
-
-
-def _key_text(key: Key) -> str:
-    return f"{key[0]}/{key[1]}" if key[0] else key[1]
 
 
 class Registry:
@@ -269,7 +265,7 @@ class Registry:
             limit = int(p.get("limit") or 0)
         except ValueError:
             raise bad_request(f"invalid limit: {p.get('limit')}") from None
-        keys = sorted(k for k in snap if _key_text(k) >= start)
+        keys = sorted((k for k in snap if key_text(k) >= start), key=key_text)
         items: list[Obj] = []
         meta: Obj = {"resourceVersion": str(at)}
         for i, k in enumerate(keys):
@@ -277,7 +273,7 @@ class Registry:
             if not match(obj):
                 continue
             if limit and len(items) == limit:
-                meta["continue"] = _encode_continue(at, _key_text(items[-1]["_key"]) + "\x00")
+                meta["continue"] = _encode_continue(at, key_text(items[-1]["_key"]) + "\x00")
                 if not p.get("fieldSelector") and not p.get("labelSelector"):
                     meta["remainingItemCount"] = len(keys) - i
                 break
@@ -308,7 +304,7 @@ class Registry:
                         rtype.plural,
                         key[1],
                         f"StorageError: invalid object, Code: 4, Key: /registry/{rtype.plural}/"
-                        f"{_key_text(key)}, ResourceVersion: 0, AdditionalErrorMsg: Precondition "
+                        f"{key_text(key)}, ResourceVersion: 0, AdditionalErrorMsg: Precondition "
                         f"failed: {label} in precondition: {want}, {label} in object meta: "
                         f"{meta.get(field_name, '')}",
                     )
@@ -365,7 +361,9 @@ class Registry:
         dry = options.get("dryRun") == ["All"] or req.dry_run
         deleted: list[Obj] = []
         with self.store.cond:
-            for key, obj in sorted(self.store.snapshot(route.rtype.plural).items()):
+            snap = self.store.snapshot(route.rtype.plural)
+            for key in sorted(snap, key=key_text):
+                obj = snap[key]
                 if match(obj):
                     deleted.append(self._delete_one(route, key, {}, dry))
             rv = self.store.rv

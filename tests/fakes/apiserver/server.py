@@ -20,7 +20,7 @@ from .handler import APIServerHTTP
 from .registry import Registry, now_rfc3339
 from .resources import RESOURCE_VERSIONS, ResourceType, default_resources
 from .schema import decode
-from .store import Store
+from .store import Store, key_text
 from .watch import WatchSettings
 from .writes import Writer
 
@@ -402,7 +402,7 @@ class FakeAPIServer:
     def list_objects(self, kind_plural: str, version: str = "v1") -> list[dict[str, Any]]:
         rtype = self._rtype(kind_plural)
         snap = self._engine.store.snapshot(rtype.plural)
-        return [self._out(rtype, snap[k], version) for k in sorted(snap)]
+        return [self._out(rtype, snap[k], version) for k in sorted(snap, key=key_text)]
 
     def delete_object(self, kind_plural: str, name: str, namespace: str | None = None) -> bool:
         """Remove an object directly (as garbage collection would); False if it was absent."""

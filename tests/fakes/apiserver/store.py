@@ -16,7 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Obj = dict[str, Any]
-Key = tuple[str, str]  # (namespace or "", name): the real store's key order
+Key = tuple[str, str]  # (namespace or "", name)
+
+
+def key_text(key: Key) -> str:
+    """`ns/name` or `name`: the etcd key suffix, whose string order is the list order."""
+    return f"{key[0]}/{key[1]}" if key[0] else key[1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from .errors import FieldError, bad_request
 from .registry import Registry, Request, options_invalid
-from .store import Event, TooOldError
+from .store import Event, TooOldError, key_text
 
 Obj = dict[str, Any]
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
@@ -169,9 +169,10 @@ class WatchStream:
             self.reg.wait_for_revision(wanted)
             if initial:
                 snap = store.snapshot(self.plural)
-                objs = [snap[k] for k in sorted(snap) if self.match(snap[k])]
+                objs = [snap[k] for k in sorted(snap, key=key_text) if self.match(snap[k])]
                 return store.rv, objs
-            return wanted, []
+            # sendInitialEvents=false without a revision starts from now.
+            return (wanted or store.rv), []
 
     def run(self) -> None:
         initial, annotate = _check_options(self.req)
