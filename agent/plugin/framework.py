@@ -4,6 +4,10 @@ For each claim of a call: fetch it from the API server (never from a cache: the 
 checked it), check that its UID is the one the kubelet means, that it is allocated, then hand
 it to the preparer, serialised per claim UID. The answer has exactly one entry per requested
 UID; a claim's failure is its own entry's error and never hides the others.
+
+After a successful prepare, the claim's NICs are reported in its ``status.devices``
+(``agent.claimstatus``), best effort. Failpoints (``agent.failpoints``) mark the steps a crash
+test kills the agent at.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Protocol
 
 from agent.checkpoint import ClaimRecord
 from agent.claims import (
+    Claim,
     ClaimError,
     ClaimFetchError,
     ClaimNotAllocatedError,
@@ -29,13 +34,21 @@ from agent.claims import (
     ClaimRef,
     parse_claim,
 )
+from agent.claimstatus import CLAIM_API_VERSIONS, ClaimStatusWriter, NicStatus
+from agent.failpoints import Failpoints, Point, hit
 from agent.metrics import Metrics
 from agent.prepare.state import DevicePreparer
 
 log = logging.getLogger(__name__)
 
-#: resource.k8s.io versions tried in order; the parts a node plugin reads are the same in all.
-CLAIM_API_VERSIONS = ("v1", "v1beta2", "v1beta1")
+__all__ = [
+    "CLAIM_API_VERSIONS",
+    "APIClaimSource",
+    "ClaimOutcome",
+    "ClaimSource",
+    "ClaimStatusReporter",
+    "PluginFramework",
+]
 
 
 class ClaimSource(Protocol):
@@ -44,6 +57,12 @@ class ClaimSource(Protocol):
     def get(self, ref: ClaimRef) -> Mapping[str, Any]:
         """The claim object; ClaimNotFoundError / ClaimFetchError when it cannot be had."""
         ...
+
+
+class ClaimStatusReporter(Protocol):
+    """Reports prepared NICs in the claim (``ClaimStatusWriter``); must never raise."""
+
+    def report(self, claim: Mapping[str, Any], nics: Sequence[NicStatus]) -> bool: ...
 
 
 class APIClaimSource:
@@ -59,6 +78,7 @@ class APIClaimSource:
         versions: Sequence[str] = CLAIM_API_VERSIONS,
         timeout_s: float = 10.0,
     ) -> None:
+        self.api_client = api_client
         self._api = api_client
         #: Well under the kubelet's 45 s call deadline, so the claim still gets its own answer.
         self.timeout_s = timeout_s
@@ -143,7 +163,13 @@ class _KeyedLocks:
 
 
 class PluginFramework:
-    """Claims in, outcomes out; used by both gRPC service versions."""
+    """Claims in, outcomes out; used by both gRPC service versions.
+
+    ``status``: where prepared NICs are reported; by default, when claims come from the API
+    server (``APIClaimSource``), a ``ClaimStatusWriter`` on the same client, so the agent that
+    may read a claim also tries to report its NICs; None otherwise. ``failpoints``: crash-test
+    hooks, also handed to the preparer when it has none.
+    """
 
     def __init__(
         self,
@@ -152,11 +178,22 @@ class PluginFramework:
         preparer: DevicePreparer,
         metrics: Metrics | None = None,
         serialize_lock: Path | None = None,
+        *,
+        status: ClaimStatusReporter | None = None,
+        failpoints: Failpoints | None = None,
     ) -> None:
         self.driver = driver
         self.claims = claims
         self.preparer = preparer
         self.metrics = metrics or Metrics()
+        if status is None and isinstance(claims, APIClaimSource):
+            status = ClaimStatusWriter(
+                claims.api_client, driver, preparer.node_name, metrics=self.metrics
+            )
+        self.status = status
+        self.failpoints = failpoints
+        if failpoints is not None and preparer.failpoints is None:
+            preparer.failpoints = failpoints
         self._locks = _KeyedLocks()
         #: Rolling-update mode: two agent instances share the plugin directory and either may
         #: get any call, so every claim operation also holds this cross-process file lock.
@@ -199,13 +236,18 @@ class PluginFramework:
                 raise ClaimError(str(ref), "the kubelet sent an incomplete claim reference")
             # Fetched before taking the claim's lock, as the upstream helper does: a slow API
             # server must not hold up a concurrent unprepare of the same claim.
-            claim = parse_claim(self.claims.get(ref), expected=ref)
+            obj = self.claims.get(ref)
+            hit(self.failpoints, Point.PREPARE_AFTER_CLAIM_GET, ref.uid)
+            claim = parse_claim(obj, expected=ref)
             if not claim.allocated:
                 raise ClaimNotAllocatedError(
                     str(ref), "not allocated; the scheduler has not placed it on a node yet"
                 )
             with self._claim_lock(ref.uid):
                 record = self.preparer.prepare(claim)
+            if self.status is not None:
+                self._report_status(obj, claim)
+            hit(self.failpoints, Point.PREPARE_BEFORE_ANSWER, ref.uid)
         except ClaimError as err:
             return self._failed("prepare", ref, err.reason, str(err), request_id)
         except Exception as err:  # a bug or the host: still this claim's answer only
@@ -235,6 +277,7 @@ class PluginFramework:
                 raise ClaimError(str(ref), "the kubelet sent a claim reference without a UID")
             with self._claim_lock(ref.uid):
                 self.preparer.unprepare(ref.uid)
+            hit(self.failpoints, Point.UNPREPARE_BEFORE_ANSWER, ref.uid)
         except ClaimError as err:
             return self._failed("unprepare", ref, err.reason, str(err), request_id)
         except Exception as err:
@@ -245,6 +288,18 @@ class PluginFramework:
             extra={"request": request_id, "claim": ref.uid, "claim_name": ref.name},
         )
         return ClaimOutcome()
+
+    def _report_status(self, obj: Mapping[str, Any], claim: Claim) -> None:
+        """Best effort, outside the claim lock: the claim is prepared whatever happens here."""
+        assert self.status is not None
+        try:
+            nics = self.preparer.network_status(claim)
+        except Exception:  # prepare just succeeded with the same inputs; a bug, not the claim's
+            log.exception("cannot tell the claim's NICs", extra={"claim": claim.ref.uid})
+            self.metrics.claim_status_errors.inc()
+            return
+        if nics:
+            self.status.report(obj, nics)
 
     def _failed(
         self, op: str, ref: ClaimRef, reason: str, message: str, request_id: int

@@ -4,7 +4,11 @@
 * device names ``<claimUID>-<device>`` (unique per claim, so two claims never define the same
   qualified name, which would make both unusable);
 * each device's edits are its hardware edits (``DeviceEdits``, e.g. ``cdi.edits.EditsProvider``)
-  plus env describing it; the claim-level env goes in the spec-level edits;
+  plus env describing it; a NIC's netdev moves into the pod only when the claim's opaque config
+  asks for it (``SpecDevice.move_netdev``);
+* the spec-level edits are what every container using any device of the claim needs once: the
+  provider's common edits (NVIDIA control nodes, driver libraries and hooks, ``/dev/vfio/vfio``,
+  ``rdma_cm``), when it has any (``CommonEdits``), plus the claim-level env;
 * the lowest cdiVersion the content needs (``cdi.spec`` computes it).
 """
 
@@ -15,7 +19,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from agent.claims import ClaimRef
 from agent.prepare.state import SpecDevice
@@ -30,15 +34,30 @@ _UID = re.compile(r"^[0-9a-fA-F-]{36}$")
 
 
 class DeviceEdits(Protocol):
-    """Hardware container edits of one device (``cdi.edits.EditsProvider`` fits)."""
+    """Hardware container edits of one device (``cdi.edits.EditsProvider`` fits).
 
-    def edits_for(self, device: Device) -> ContainerEdits: ...
+    ``move_netdev`` asks for a NIC's host interface to move into the pod, named
+    ``interface_name`` there (None: its host name); other devices ignore both.
+    """
+
+    def edits_for(
+        self, device: Device, *, interface_name: str | None = None, move_netdev: bool = False
+    ) -> ContainerEdits: ...
+
+
+@runtime_checkable
+class CommonEdits(Protocol):
+    """Edits shared by the devices of a claim, once per spec (``EditsProvider`` has them)."""
+
+    def common_edits_for(self, devices: Sequence[Device]) -> ContainerEdits: ...
 
 
 class EnvOnlyEdits:
     """No hardware edits: what a simulated node, without device nodes, can offer."""
 
-    def edits_for(self, device: Device) -> ContainerEdits:
+    def edits_for(
+        self, device: Device, *, interface_name: str | None = None, move_netdev: bool = False
+    ) -> ContainerEdits:
         return ContainerEdits()
 
 
@@ -50,6 +69,8 @@ class CDIClaimSpecs:
         self.vendor = f"k8s.{driver}"
         self.kind = f"{self.vendor}/{CLASS}"
         self.edits = edits
+        #: Checked once: a provider without common edits (EnvOnlyEdits, a test's) is fine.
+        self._common = edits if isinstance(edits, CommonEdits) else None
         self._prefix = f"{self.vendor}-{CLASS}_"
 
     def cdi_id(self, claim_uid: str, device: str) -> str:
@@ -59,13 +80,21 @@ class CDIClaimSpecs:
         return self.cdi_dir / claim_spec_file_name(self.vendor, CLASS, claim_uid)
 
     def build(self, claim: ClaimRef, devices: Sequence[SpecDevice], env: Sequence[str]) -> Spec:
+        """The claim's spec; ``DeviceEditsError`` (a ``CDIError``) when the host lacks a part."""
+        common = ContainerEdits()
+        if self._common is not None:
+            common = self._common.common_edits_for([d.device for d in devices])
         cdi_devices = []
         for item in devices:
-            edits = self.edits.edits_for(item.device).merge(ContainerEdits(env=item.env))
+            hardware = self.edits.edits_for(
+                item.device, interface_name=item.interface_name, move_netdev=item.move_netdev
+            )
+            # A node both lists (e.g. /dev/kfd) is injected once, from the spec-level edits.
+            edits = hardware.without(common).merge(ContainerEdits(env=item.env))
             cdi_devices.append(CDIDevice(name=f"{claim.uid}-{item.device.name}",
                                          container_edits=edits))
         return Spec(kind=self.kind, devices=tuple(cdi_devices),
-                    container_edits=ContainerEdits(env=tuple(env)))
+                    container_edits=common.merge(ContainerEdits(env=tuple(env))))
 
     def write(self, claim: ClaimRef, devices: Sequence[SpecDevice], env: Sequence[str]) -> Path:
         spec = self.build(claim, devices, env)

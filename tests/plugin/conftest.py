@@ -47,7 +47,9 @@ def nic(i: int) -> Device:
 class NodeEdits:
     """Hardware edits with explicit type/major/minor, so injection never stats the host."""
 
-    def edits_for(self, device: Device) -> ContainerEdits:
+    def edits_for(
+        self, device: Device, *, interface_name: str | None = None, move_netdev: bool = False
+    ) -> ContainerEdits:
         if device.host.minor is None:
             return ContainerEdits()
         return ContainerEdits(device_nodes=(DeviceNode(

@@ -1,0 +1,298 @@
+"""Claim status for NICs: after a prepare, tell the cluster what the pod's network device is.
+
+For each NIC or VF of a prepared claim the agent writes one ``status.devices`` entry
+(``AllocatedDeviceStatus``): driver, pool, device (and shareID), a ``Ready=True`` condition and
+``networkData`` (the interface name inside the pod, the MAC address), as DRANET does, so users
+and controllers can find the interface without exec'ing into the pod.
+
+How it is written, and why:
+
+* **Server-side apply on the ``/status`` subresource**, field manager ``<driver>``, forced.
+  ``status.devices`` is a list-map keyed by driver, device, pool and shareID, so an apply owns
+  exactly our entries: another driver's entries in the same claim are left alone, and entries
+  we stop listing are removed by the server. ``metadata.uid`` rides along, so a claim deleted
+  and re-created under the same name is refused rather than given our status.
+* **The claim just fetched decides whether to write at all.** When it already shows our entries
+  as we would write them (a repeated prepare, a restarted agent), nothing is sent; the
+  ``Ready`` condition keeps its ``lastTransitionTime``, so a forced re-apply is a no-op too.
+* **Never fatal.** The claim is prepared whatever happens here: a failure is logged (claim,
+  device, cause) and counted (``dra_agent_claim_status_errors``). Credentials that may not
+  write claim status (403: the node authorizer or RBAC without ``resourceclaims/status`` and,
+  since 1.36, ``resourceclaims/driver`` ``associated-node:patch``) are reported in one log line;
+  later refusals are only counted, until a write succeeds again.
+* **Versions**: the version the claim was read with first, then ``v1``, ``v1beta2``,
+  ``v1beta1`` (the shape of ``status.devices`` is the same in all three); a 404 that is not
+  about the claim moves on to the next version and the answer is remembered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+#: resource.k8s.io versions tried in order; the parts a node plugin reads are the same in all.
+CLAIM_API_VERSIONS = ("v1", "v1beta2", "v1beta1")
+READY_REASON = "Prepared"
+_GROUP = "resource.k8s.io"
+
+
+@dataclass(frozen=True, slots=True)
+class NicStatus:
+    """The facts one ``status.devices`` entry reports about a prepared NIC or VF."""
+
+    pool: str
+    device: str
+    share_id: str | None = None
+    interface_name: str | None = None  # inside the pod when moved there, else on the host
+    hardware_address: str | None = None  # MAC
+
+
+class ClaimStatusError(Exception):
+    """One status write failed; carries what an operator needs."""
+
+    def __init__(self, claim: str, status: int, cause: str) -> None:
+        super().__init__(f"claim {claim}: writing status.devices failed: {status} {cause}")
+        self.claim = claim
+        self.status = status
+        self.cause = cause
+
+
+def _rfc3339_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    return (
+        str(entry.get("driver", "")), str(entry.get("pool", "")),
+        str(entry.get("device", "")), str(entry.get("shareID") or ""),
+    )  # fmt: skip
+
+
+def _ready(entry: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for cond in entry.get("conditions") or []:
+        if isinstance(cond, Mapping) and cond.get("type") == "Ready":
+            return cond
+    return None
+
+
+def device_entries(
+    claim: Mapping[str, Any],
+    driver: str,
+    node_name: str,
+    nics: Sequence[NicStatus],
+    now: Callable[[], str] = _rfc3339_now,
+) -> list[dict[str, Any]]:
+    """Our ``status.devices`` entries for ``claim``; a Ready=True condition already on the
+    claim keeps its ``lastTransitionTime`` (the transition happened then, not now)."""
+    current = {_key(e): e for e in _current_entries(claim)}
+    generation = (claim.get("metadata") or {}).get("generation")
+    out: list[dict[str, Any]] = []
+    for nic in nics:
+        entry: dict[str, Any] = {"driver": driver, "pool": nic.pool, "device": nic.device}
+        if nic.share_id:
+            entry["shareID"] = nic.share_id
+        before = _ready(current.get(_key(entry), {}))
+        since = before.get("lastTransitionTime") if before and before.get("status") == "True" \
+            else None
+        condition: dict[str, Any] = {
+            "type": "Ready", "status": "True", "reason": READY_REASON,
+            "message": f"prepared on node {node_name}",
+            "lastTransitionTime": since or now(),
+        }  # fmt: skip
+        if isinstance(generation, int):
+            condition["observedGeneration"] = generation
+        entry["conditions"] = [condition]
+        network = {}
+        if nic.interface_name:
+            network["interfaceName"] = nic.interface_name
+        if nic.hardware_address:
+            network["hardwareAddress"] = nic.hardware_address
+        if network:
+            entry["networkData"] = network
+        out.append(entry)
+    return out
+
+
+def _current_entries(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    status = claim.get("status")
+    devices = status.get("devices") if isinstance(status, Mapping) else None
+    if not isinstance(devices, list):
+        return []
+    return [e for e in devices if isinstance(e, Mapping)]
+
+
+def up_to_date(claim: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -> bool:
+    """Does the claim already carry each entry (our fields, our Ready condition) as given?"""
+    current = {_key(e): e for e in _current_entries(claim)}
+    for entry in entries:
+        have = current.get(_key(entry))
+        if have is None:
+            return False
+        for field, value in entry.items():
+            if field == "conditions":
+                if _ready(have) != value[0]:
+                    return False
+            elif have.get(field) != value:
+                return False
+    return True
+
+
+class ClaimStatusWriter:
+    """Writes ``status.devices`` for NICs through a ``kubernetes.client.ApiClient``."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        driver: str,
+        node_name: str,
+        *,
+        metrics: Metrics | None = None,
+        versions: Sequence[str] = CLAIM_API_VERSIONS,
+        field_manager: str | None = None,
+        timeout_s: float = 5.0,
+        now: Callable[[], str] = _rfc3339_now,
+    ) -> None:
+        self._api = api_client
+        self.driver = driver
+        self.node_name = node_name
+        self.metrics = metrics or Metrics()
+        self.field_manager = field_manager or driver
+        #: Short: the write happens inside the kubelet's 45 s prepare call.
+        self.timeout_s = timeout_s
+        self._now = now
+        self._versions = list(versions)
+        self._lock = threading.Lock()
+        self._forbidden_logged = False
+
+    def report(self, claim: Mapping[str, Any], nics: Sequence[NicStatus]) -> bool:
+        """Apply our entries for ``claim``; True when written or already current. Never
+        raises: a failure is logged and counted, and the next prepare of the claim retries."""
+        if not nics:
+            return True
+        meta = claim.get("metadata") or {}
+        label = f"{meta.get('namespace')}/{meta.get('name')} ({meta.get('uid')})"
+        entries = device_entries(claim, self.driver, self.node_name, nics, self._now)
+        if up_to_date(claim, entries):
+            return True
+        try:
+            self._apply(claim, entries, label)
+        except ClaimStatusError as err:
+            self.metrics.claim_status_errors.inc()
+            self._log_failure(err, nics)
+            return False
+        except Exception as err:  # a bug here must never fail the prepare
+            self.metrics.claim_status_errors.inc()
+            log.exception("writing claim status failed unexpectedly", extra={"claim": label})
+            self._log_failure(ClaimStatusError(label, 0, repr(err)), nics)
+            return False
+        with self._lock:
+            was_forbidden, self._forbidden_logged = self._forbidden_logged, False
+        if was_forbidden:
+            log.info("claim status writes are allowed again", extra={"claim": label})
+        log.info(
+            "claim status written",
+            extra={"claim": label, "devices": ",".join(n.device for n in nics)},
+        )
+        return True
+
+    def _log_failure(self, err: ClaimStatusError, nics: Sequence[NicStatus]) -> None:
+        devices = ",".join(n.device for n in nics)
+        if err.status == 403:
+            with self._lock:
+                first, self._forbidden_logged = not self._forbidden_logged, True
+            if not first:
+                log.debug("claim status write forbidden", extra={"claim": err.claim})
+                return
+            log.warning(
+                "claim status is not written: these credentials may not patch "
+                "resourceclaims/status (grant resourceclaims/status patch and, since 1.36, "
+                "resourceclaims/driver associated-node:patch); prepares are unaffected, "
+                "further refusals are only counted",
+                extra={"claim": err.claim, "devices": devices, "error": err.cause},
+            )
+            return
+        log.warning(
+            "claim status write failed; the claim is prepared anyway",
+            extra={"claim": err.claim, "devices": devices, "status": err.status,
+                   "error": err.cause},
+        )
+
+    def _order(self, claim: Mapping[str, Any]) -> list[str]:
+        """The version the claim was read with first: the server serves it."""
+        api_version = str(claim.get("apiVersion", ""))
+        read_with = api_version.removeprefix(f"{_GROUP}/")
+        with self._lock:
+            versions = list(self._versions)
+        if api_version.startswith(f"{_GROUP}/") and read_with in versions:
+            versions.remove(read_with)
+            versions.insert(0, read_with)
+        return versions
+
+    def _apply(
+        self, claim: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], label: str
+    ) -> None:
+        meta = claim.get("metadata") or {}
+        ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        versions = self._order(claim)
+        for version in versions:
+            body = {
+                "apiVersion": f"{_GROUP}/{version}",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": ns, "uid": meta.get("uid")},
+                "status": {"devices": list(entries)},
+            }
+            path = f"/apis/{_GROUP}/{version}/namespaces/{ns}/resourceclaims/{name}/status"
+            status, reason, data = self._patch(path, body, label)
+            if 200 <= status < 300:
+                return
+            if status == 404 and not self._about_claim(data, name) and len(versions) > 1:
+                with self._lock:
+                    if version in self._versions and len(self._versions) > 1:
+                        self._versions.remove(version)
+                continue
+            raise ClaimStatusError(label, status, self._message(data) or reason)
+        raise ClaimStatusError(label, 404, "the API server serves no resource.k8s.io version")
+
+    def _patch(self, path: str, body: Mapping[str, Any], label: str) -> tuple[int, str, bytes]:
+        query = [("fieldManager", self.field_manager), ("force", "true")]
+        headers = {"Accept": "application/json", "Content-Type": "application/apply-patch+yaml"}
+        try:
+            method, url, header_params, _, _ = self._api.param_serialize(
+                "PATCH", path, query_params=query, header_params=headers,
+                auth_settings=["BearerToken"],
+            )
+            # JSON is YAML; sent as bytes so the client passes it through untouched.
+            resp = self._api.call_api(
+                method, url, header_params=header_params, body=json.dumps(body).encode(),
+                _request_timeout=self.timeout_s,
+            )
+            return int(resp.status), str(resp.reason), resp.read() or b""
+        except Exception as err:  # connection refused, timeouts: no HTTP answer
+            raise ClaimStatusError(label, 0, f"{type(err).__name__}: {err}") from err
+
+    @staticmethod
+    def _message(data: bytes) -> str:
+        try:
+            status = json.loads(data or b"{}")
+        except ValueError:
+            return ""
+        return str(status.get("message", "")) if isinstance(status, dict) else ""
+
+    @staticmethod
+    def _about_claim(data: bytes, name: str) -> bool:
+        """A 404 naming the claim means "no such claim"; any other 404 means "no such API"."""
+        try:
+            status = json.loads(data or b"{}")
+        except ValueError:
+            return False
+        details = (status.get("details") or {}) if isinstance(status, dict) else {}
+        return bool(details.get("name") == name and details.get("kind") == "resourceclaims")
