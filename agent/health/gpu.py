@@ -253,7 +253,7 @@ class GpuWatcher:
     def run(self) -> None:
         try:
             while not self.stop_event.is_set():
-                self._step()
+                self.step()
         except Exception:
             log.exception("GPU health watcher failed; GPUs are unmonitored")
             with self._lock:
@@ -267,7 +267,8 @@ class GpuWatcher:
                 except GpuLibraryError as err:
                     log.debug("NVML shutdown failed", extra={"error": str(err)})
 
-    def _step(self) -> None:
+    def step(self) -> None:
+        """One iteration of the thread: retry init, probe on schedule, wait for one event."""
         now = self.clock()
         if self._init_error is not None:
             if now >= self._next_init:
@@ -344,6 +345,6 @@ class GpuWatcher:
                               event.compute_instance)
         log.warning("GPU error event", extra={
             "uuid": event.uuid, "kind": str(cond.kind), "value": cond.value,
-            "message": cond.message, "devices": ",".join(devices) or "-"})
+            "reason": cond.message, "devices": ",".join(devices) or "-"})
         self.sink.count(str(cond.kind))
         self.sink.event(devices, SOURCE, cond)
