@@ -124,14 +124,27 @@ def parse_slice(doc: Doc) -> Slice:
     if not driver or not pool.get("name"):
         raise doc.error(("spec",), "a ResourceSlice needs spec.driver and spec.pool.name")
     devices = []
+    plain_caps: dict[str, Capacity] = {}
     for i, d in enumerate(spec.get("devices") or []):
         path: Path_ = ("spec", "devices", i)
         if not d.get("name"):
             raise doc.error(path, "a device needs a name")
-        attrs = {k: _attribute(doc, (*path, "attributes", k), v)
-                 for k, v in (d.get("attributes") or {}).items()}
-        caps = {k: _capacity(doc, (*path, "capacity", k), v)
-                for k, v in (d.get("capacity") or {}).items()}
+        attrs: dict[str, tuple[str, Any]] = {}
+        for k, v in (d.get("attributes") or {}).items():
+            kind, value = next(iter(v.items())) if len(v) == 1 else ("", None)
+            if kind in ("string", "int", "bool"):  # the common case: no path tuples built
+                attrs[k] = (kind, value)
+            else:
+                attrs[k] = _attribute(doc, (*path, "attributes", k), v)
+        caps: dict[str, Capacity] = {}
+        for k, v in (d.get("capacity") or {}).items():
+            plain = len(v) == 1 and isinstance(v.get("value"), str)
+            found = plain_caps.get(v["value"]) if plain else None
+            if found is None:
+                found = _capacity(doc, (*path, "capacity", k), v)
+                if plain:  # frozen, so devices with the same plain capacity share one
+                    plain_caps[v["value"]] = found
+            caps[k] = found
         taints = tuple(Taint(key=t["key"], effect=t.get("effect", ""), value=t.get("value", ""))
                        for t in d.get("taints") or ())
         consumes = tuple(
