@@ -118,6 +118,8 @@ def devices_equal(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]
     """Order-sensitive: the order of devices is the allocation preference."""
     if len(a) != len(b):
         return False
+    if all(da == db for da, db in zip(a, b, strict=True)):
+        return True  # the common case, at C speed
     for da, db in zip(a, b, strict=True):
         if normalize_device(da) != normalize_device(db):
             return False
@@ -189,6 +191,8 @@ def dropped_fields(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list[s
     Only absences count: values the server changed (canonical quantities, timeAdded) or
     added are not "dropped".
     """
+    if sent == stored:
+        return []
     paths: list[str] = []
     _collect_dropped("spec", sent, stored, paths)
     return paths

@@ -149,9 +149,11 @@ class Controller:
             self._cond.notify_all()
 
     def scope_listed(self, scope: Scope, first: bool) -> None:
-        # After a scope's first list, and after each resync list, every pool gets a look.
+        # After a scope's first list, and after each resync list, every pool gets a look;
+        # with no pool at all the worker still has to wake up to say "in sync".
         with self._cond:
             pools = set(self._desired) | scope.store.pools()
+            self._cond.notify_all()
         self.schedule(pools, 0.0)
 
     def watch_failed(self, scope: Scope, error: ApiError, retry_in_s: float) -> None:

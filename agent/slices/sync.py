@@ -128,15 +128,24 @@ def desired_spec(
     if pool.node_name:
         spec["nodeName"] = pool.node_name
     elif pool.node_selector is not None:
-        spec["nodeSelector"] = copy.deepcopy(dict(pool.node_selector))
+        spec["nodeSelector"] = plain(pool.node_selector)
     else:
         spec["allNodes"] = True
     if content.shared_counters:
         # The API forbids devices next to sharedCounters, even an empty list.
-        spec["sharedCounters"] = [copy.deepcopy(dict(c)) for c in content.shared_counters]
+        spec["sharedCounters"] = [plain(c) for c in content.shared_counters]
     else:
-        spec["devices"] = [copy.deepcopy(dict(d)) for d in content.devices]
+        spec["devices"] = [plain(d) for d in content.devices]
     return spec
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON-ready dicts and lists (the driver may hand over any Mapping)."""
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
 
 
 def _owner_ok(obj: Mapping[str, Any], owner: OwnerRef | None) -> bool:
@@ -250,10 +259,11 @@ def plan_pool(
         if index not in changed and not bumped:
             continue
         current = matched[index]
-        obj = copy.deepcopy(dict(current))
-        obj.pop("status", None)
-        meta = obj.setdefault("metadata", {})
+        # Only metadata is carried over; the spec is rebuilt from the desired state.
+        obj = {k: v for k, v in current.items() if k not in ("metadata", "spec", "status")}
+        meta = copy.deepcopy(dict(current.get("metadata", {})))
         meta.pop("managedFields", None)
+        obj["metadata"] = meta
         if owner is not None:
             meta["ownerReferences"] = _with_owner(meta.get("ownerReferences") or [], owner)
         spec = desired_spec(driver, desired, index, generation)

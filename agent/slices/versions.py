@@ -8,7 +8,6 @@ converted at the API edge only.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -45,14 +44,19 @@ def api_version(version: str) -> str:
 
 
 def to_wire(obj: Mapping[str, Any], version: str) -> dict[str, Any]:
-    """A v1-shaped ResourceSlice dict as ``version`` expects it (a new dict)."""
-    out = copy.deepcopy(dict(obj))
+    """A v1-shaped ResourceSlice dict as ``version`` expects it.
+
+    A new top-level dict; nested values are shared with ``obj`` (nothing here mutates
+    them), because deep copies of 2,048 devices cost more than sending them.
+    """
+    out = dict(obj)
     out["apiVersion"] = api_version(version)
     out.setdefault("kind", "ResourceSlice")
     if version not in NESTED_DEVICE_VERSIONS:
         return out
     spec = out.get("spec")
-    if isinstance(spec, dict):
+    if isinstance(spec, Mapping):
+        spec = out["spec"] = dict(spec)
         devices = spec.get("devices")
         if isinstance(devices, list):
             spec["devices"] = [_nest_device(d) for d in devices]
@@ -60,12 +64,13 @@ def to_wire(obj: Mapping[str, Any], version: str) -> dict[str, Any]:
 
 
 def from_wire(obj: Mapping[str, Any], version: str) -> dict[str, Any]:
-    """A ResourceSlice dict read in ``version``, in v1 shape (a new dict)."""
-    out = copy.deepcopy(dict(obj))
+    """A ResourceSlice dict read in ``version``, in v1 shape (new top level and spec)."""
+    out = dict(obj)
     if version not in NESTED_DEVICE_VERSIONS:
         return out
     spec = out.get("spec")
-    if isinstance(spec, dict):
+    if isinstance(spec, Mapping):
+        spec = out["spec"] = dict(spec)
         devices = spec.get("devices")
         if isinstance(devices, list):
             spec["devices"] = [_flatten_device(d) for d in devices]
