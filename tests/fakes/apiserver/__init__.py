@@ -10,7 +10,8 @@ unsupported field selectors, 404, 415. README.md beside this file says what it d
         api = kubernetes.client.ResourceV1Api(srv.api_client())
 """
 
+from .engine import RequestRecord
 from .errors import APIError, FieldError
-from .server import FakeAPIServer, RequestRecord
+from .server import FakeAPIServer
 
 __all__ = ["APIError", "FakeAPIServer", "FieldError", "RequestRecord"]

@@ -20,7 +20,7 @@ from .resources import RESOURCE_GROUP, Route, parse_resource_path
 from .watch import WatchStream
 
 if TYPE_CHECKING:
-    from .server import Engine
+    from .engine import Engine
 
 log = logging.getLogger(__name__)
 MAX_BODY = 3 * 1024 * 1024  # server/config.go MaxRequestBodyBytes
