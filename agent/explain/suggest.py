@@ -86,6 +86,19 @@ def _constraint_hint(claim: Claim, reports: Sequence[RequestReport], search: Sea
 
 def suggest(claim: Claim, reports: Sequence[RequestReport], pools: Sequence[PoolReport],
             search: Search, error: str | None) -> str:
+    bad = [f"pool {p.driver}/{p.pool} is {p.status} ({p.message}); its devices are not "
+           "offered until the driver finishes publishing it" if p.status == "incomplete" else
+           f"pool {p.driver}/{p.pool} is {p.status} ({p.message}); the scheduler ignores it"
+           for p in pools if p.status != "ok"]
+    text = _suggest(claim, reports, pools, search, error)
+    if bad and not any(b in text for b in bad):
+        text = "; ".join(bad) if all(p.status != "ok" for p in pools) else (
+            text + "; also " + "; ".join(bad))
+    return text
+
+
+def _suggest(claim: Claim, reports: Sequence[RequestReport], pools: Sequence[PoolReport],
+             search: Search, error: str | None) -> str:
     if error:
         for r in reports:
             for v in r.devices:

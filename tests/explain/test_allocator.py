@@ -248,3 +248,22 @@ def test_other_nodes_slices_are_ignored_and_the_claim_itself_is_not_a_holder():
     myself = allocated("job", "gpu-0")
     r = explain(c, CLASSES, [mine, theirs], NODE, [myself])
     assert r.fits and "gpu-x" not in [d for _, d in picks(r)]
+
+
+def test_constraints_may_name_subrequests():
+    c = claim({"name": "gpu", "firstAvailable": [
+        {"name": "pair", "deviceClassName": "gpu.dra-agent.io", "count": 2},
+        {"name": "one", "deviceClassName": "gpu.dra-agent.io"}]},
+        exactly("nic", "nic.dra-agent.io"),
+        constraints=[{"matchAttribute": PCIE, "requests": ["gpu/pair", "gpu/one", "nic"]}])
+    r = explain(c, CLASSES, [dgx_slice()], NODE)
+    # No root holds two GPUs, so the pair fails the constraint and "one" is used.
+    assert picks(r) == [("gpu/one", "gpu-0"), ("nic", "nic-0")]
+
+
+def test_an_incomplete_pool_is_named_in_the_suggestion():
+    half = slice_([device("gpu-0")], count=2, name="half")
+    r = explain(claim(exactly("gpu")), CLASSES, [half], NODE)
+    assert not r.fits
+    assert r.pools[0].message == "1 of 2 slices at generation 0"
+    assert r.suggestion.startswith(f"pool {DRIVER}/{NODE} is incomplete (1 of 2 slices")
