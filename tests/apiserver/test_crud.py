@@ -267,3 +267,12 @@ def test_put_object_decodes_like_the_server(srv: FakeAPIServer) -> None:
     body["spec"]["typo"] = True
     with pytest.raises(ValueError, match=r"spec\.typo"):
         srv.put_object(body)
+
+
+def test_claim_update_without_defaults_is_not_a_spec_change(rapi: client.ResourceV1Api) -> None:
+    created = raw(rapi.create_namespaced_resource_claim, "default", make_claim())
+    body = make_claim()
+    body["metadata"]["labels"] = {"new": "label"}
+    body["metadata"]["resourceVersion"] = created["metadata"]["resourceVersion"]
+    out = raw(rapi.replace_namespaced_resource_claim, "claim", "default", body)
+    assert out["metadata"]["labels"] == {"new": "label"}

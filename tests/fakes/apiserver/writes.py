@@ -88,15 +88,16 @@ class Writer:
         return obj, warnings
 
     def prepare(self, rtype: ResourceType, obj: Obj, old: Obj | None) -> None:
-        """Strategy PrepareFor{Create,Update}: gate drops and server-side defaults."""
+        """Strategy PrepareFor{Create,Update}: gate drops and server-side defaults (the real
+        decoder defaults every write, so an update without defaults equals the stored spec)."""
         spec = obj.get("spec")
         if rtype.plural == "resourceslices" and isinstance(spec, dict):
             drop_disabled_slice_fields(spec, (old or {}).get("spec"), self.reg.gates)
             default_slice(spec, self.reg.now())
-        if rtype.plural == "resourceclaims" and isinstance(spec, dict) and old is None:
+        if rtype.plural == "resourceclaims" and isinstance(spec, dict):
             default_claim_spec(spec)
         inner = spec.get("spec") if isinstance(spec, dict) else None
-        if rtype.plural == "resourceclaimtemplates" and isinstance(inner, dict) and old is None:
+        if rtype.plural == "resourceclaimtemplates" and isinstance(inner, dict):
             default_claim_spec(inner)
 
     def _validate(self, req: Request, obj: Obj, old: Obj | None) -> None:
