@@ -66,6 +66,9 @@ class Controller:
     ) -> None:
         if not driver:
             raise ValueError("a DRA driver name is required")
+        if owner is not None and not owner.is_node and not owner.uid:
+            raise ValueError(f"owner {owner.kind}/{owner.name} needs a uid (only a Node's is "
+                             "looked up)")
         self._client = client
         self._driver = driver
         self._owner = owner
@@ -344,9 +347,11 @@ class Controller:
         assert self._publisher is not None
         with self._cond:
             state = self._desired.get(pool)
-        if state is not None and not self._valid(pool, state):
+        if state is None:
+            self._invalid.pop(pool, None)
+        elif not self._valid(pool, state):
             return
-        if state is not None and self._rejected.get(pool) == state.fingerprint:
+        elif self._rejected.get(pool) == state.fingerprint:
             return  # refused as invalid; wait for the driver to change the pool
         self._rejected.pop(pool, None)
         try:
@@ -392,8 +397,6 @@ class Controller:
             return None
         if self._owner_uid is None:
             assert self._client is not None
-            if not owner.is_node:
-                raise ApiError("GET", owner.name, 0, "NoUID", f"owner {owner.kind} needs a uid")
             self._owner_uid = self._client.node_uid(owner.name)
             log.info("node owner found", extra={"node": owner.name, "uid": self._owner_uid})
         return OwnerRef(owner.api_version, owner.kind, owner.name, self._owner_uid)

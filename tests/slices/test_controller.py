@@ -316,13 +316,46 @@ def test_without_api_server_the_controller_is_inactive(caplog: Any) -> None:
     assert slice_threads() == []
 
 
-def test_stop_ends_every_thread_even_while_the_server_hangs(
+def test_stop_waits_for_the_request_in_flight_and_ends_every_thread(
     srv: FakeAPIServer, harness: Harness
 ) -> None:
     c = harness.start(srv, resources(node1=pool_of(2)))
     assert c.synced(10)
     assert len(slice_threads()) == 2  # one worker, one watcher
-    started = time.monotonic()
+    srv.delay(0.5, verb="create")
+    srv.clear_requests()
+    c.update(resources(node1=pool_of(2), extra=pool_of(1)))
+    time.sleep(0.2)  # the create is now held by the server
     c.stop()
-    print(f"stop took {time.monotonic() - started:.3f}s")
     assert slice_threads() == []
+    assert [w[0] for w in writes(srv)] == ["create"]  # answered before the worker ended
+    srv.delay(0)
+    srv.clear_requests()
+    time.sleep(0.2)
+    assert writes(srv) == []  # nothing more after stop()
+
+
+def test_a_callers_stop_event_stops_the_controller(srv: FakeAPIServer, harness: Harness) -> None:
+    import threading
+
+    event = threading.Event()
+    c = harness.start(srv, resources(node1=pool_of(2)), stop_event=event)
+    assert c.synced(10)
+    event.set()
+    wait_for(lambda: slice_threads() == [], what="threads to end")
+
+
+def test_periodic_resync_relists_without_writing(srv: FakeAPIServer, harness: Harness) -> None:
+    c = harness.start(srv, resources(node1=pool_of(130)), resync_period_s=0.3)
+    assert c.synced(10)
+    srv.clear_requests()
+    wait_for(lambda: [r.verb for r in srv.requests].count("list") >= 2, what="two resyncs")
+    assert c.synced(10)
+    assert writes(srv) == []
+
+
+def test_owner_other_than_a_node_needs_a_uid() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="needs a uid"):
+        start(None, DRIVER, Owner(kind="ConfigMap", name="x", api_version="v1"), None)
