@@ -22,7 +22,7 @@ How it is written, and why:
   later refusals are only counted, until a write succeeds again.
 * **Versions**: the version the claim was read with first, then ``v1``, ``v1beta2``,
   ``v1beta1`` (the shape of ``status.devices`` is the same in all three); a 404 that is not
-  about the claim moves on to the next version and the answer is remembered.
+  about the claim (or a 405) moves on to the next version and the answer is remembered.
 """
 
 from __future__ import annotations
@@ -254,7 +254,9 @@ class ClaimStatusWriter:
             status, reason, data = self._patch(path, body, label)
             if 200 <= status < 300:
                 return
-            if status == 404 and not self._about_claim(data, name) and len(versions) > 1:
+            # A version that is not served: 404 not naming the claim (some servers answer 405).
+            unserved = status == 405 or (status == 404 and not self._about_claim(data, name))
+            if unserved and len(versions) > 1:
                 with self._lock:
                     if version in self._versions and len(self._versions) > 1:
                         self._versions.remove(version)
