@@ -130,9 +130,9 @@ def test_server_error_on_status_is_logged_with_claim_and_device_and_retried_next
     with caplog.at_level(logging.WARNING, logger="agent.claimstatus"):
         assert agent.prepare(claim).ok
     (record,) = caplog.records
-    assert getattr(record, "devices") == "nic-1"
-    assert claim["metadata"]["uid"] in getattr(record, "claim")
-    assert getattr(record, "status") == 500
+    fields = record.__dict__
+    assert fields["devices"] == "nic-1" and fields["status"] == 500
+    assert claim["metadata"]["uid"] in fields["claim"]
     assert agent.errors == 1
     assert agent.prepare(claim).ok  # the repeat sees no status yet and writes it
     assert [e["device"] for e in status_devices(agent.srv, "net")] == ["nic-1"]
