@@ -96,6 +96,10 @@ def test_watch_option_errors_are_422_and_400(rapi: client.ResourceV1Api) -> None
     code, _ = fails(rapi.list_resource_slice, watch=True, resource_version_match="NotOlderThan",
                     resource_version="1")
     assert code == 422
+    code, body = fails(rapi.list_resource_slice, watch=True, send_initial_events=True,
+                       resource_version_match="NotOlderThan")
+    assert code == 422
+    assert body["details"]["causes"][0]["field"] == "allowWatchBookmarks"
     code, _ = fails(rapi.list_resource_slice, watch=True, field_selector="spec.pool.name=x")
     assert code == 400
 
@@ -202,3 +206,16 @@ def test_watch_from_a_revision_not_reached_yet_waits_for_it(
         timer.join()
     assert events == []  # the write at `ahead` itself is not newer than `ahead`
     assert srv.get_object("resourceslices", "next") is not None
+
+
+def test_server_ends_a_watch_the_client_closed(srv: FakeAPIServer,
+                                               rapi: client.ResourceV1Api) -> None:
+    srv.put_object(make_slice("s1"))
+    w = watch.Watch()
+    for _ in w.stream(rapi.list_resource_slice):
+        assert srv.open_watches == 1
+        w.stop()
+    deadline = time.monotonic() + 3
+    while srv.open_watches and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert srv.open_watches == 0

@@ -75,18 +75,27 @@ def _check_options(req: Request) -> tuple[bool, bool]:
     rv = p.get("resourceVersion", "")
     if sie_raw is not None:
         sie = sie_raw.lower() in ("1", "true")
+        errs = []
         if match != "NotOlderThan":
-            raise options_invalid(
-                "ListOptions",
-                [
-                    FieldError(
-                        "Forbidden",
-                        "resourceVersionMatch",
-                        None,
-                        "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-                    )
-                ],
+            errs.append(
+                FieldError(
+                    "Forbidden",
+                    "resourceVersionMatch",
+                    None,
+                    "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                )
             )
+        if sie and not req.flag("allowWatchBookmarks"):
+            errs.append(
+                FieldError(
+                    "Forbidden",
+                    "allowWatchBookmarks",
+                    None,
+                    "sendInitialEvents requires setting allowWatchBookmarks to true",
+                )
+            )
+        if errs:
+            raise options_invalid("ListOptions", errs)
         return sie, sie
     if match:
         raise options_invalid(
