@@ -24,9 +24,10 @@ from agent.metrics import Metrics
 from agent.slices.api import ApiError, SliceClient
 from agent.slices.backoff import Backoff
 from agent.slices.errors import PublishError, RejectedSliceError
-from agent.slices.owner import Owner, accept_all, owned_by
+from agent.slices.owner import Owner
 from agent.slices.pools import PoolState, effective, to_desired
 from agent.slices.publish import ConflictError, Publisher
+from agent.slices.scopes import Scopes
 from agent.slices.sync import OwnerRef, PoolPlan, plan_pool
 from agent.slices.validate import PoolValidationError
 from agent.slices.versions import NoResourceAPIError, choose_version
@@ -80,11 +81,11 @@ class Controller:
         self._timing = timing or Timing()
         self._rng = random.Random()
         self._stop = threading.Event()
-        self._cond = threading.Condition()  # guards _desired, _pending, _scopes
+        self._cond = threading.Condition()  # guards _desired, _pending
         self._in_sync = threading.Event()
         self._desired = to_desired(resources, owner)
         self._pending: dict[str, float] = dict.fromkeys(self._desired, 0.0)
-        self._scopes: dict[str, Scope] = {}
+        self._scopes = Scopes(driver, owner, self._start_watcher)
         self._scopes_dirty = False
         self._threads: list[threading.Thread] = []
         self._version: str | None = None
@@ -189,10 +190,8 @@ class Controller:
     def _halt(self) -> None:
         self._stop.set()
         with self._cond:
-            scopes = list(self._scopes.values())
             self._cond.notify_all()
-        for scope in scopes:
-            scope.interrupt()
+        self._scopes.interrupt()
 
     def _report(self, err: Exception) -> None:
         if self._on_error is None:
@@ -215,7 +214,7 @@ class Controller:
         if not self._discover():
             return
         while not self._stopping():
-            if self._scopes_dirty or not self._scopes:
+            if self._scopes_dirty or not len(self._scopes):
                 self._ensure_scopes()
             due = self._take_due()
             for pool in due or ():
@@ -237,7 +236,7 @@ class Controller:
                 for pool in due:
                     del self._pending[pool]
                 return due
-            if not self._pending and all(s.listed for s in self._scopes.values()):
+            if not self._pending and self._scopes.all_listed():
                 self._mark_synced()
             # Pools waiting for their scope's first list are woken by scope_listed().
             wait = min([self._next_resync - now, *(t - now for t in ready.values())])
@@ -256,9 +255,7 @@ class Controller:
 
     def _resync(self) -> None:
         """Periodic safety net: list every scope again, then every pool gets a look."""
-        for scope in self._scopes.values():
-            scope.relist_requested = True
-            scope.interrupt()
+        self._scopes.interrupt(relist=True)
 
     def _discover(self) -> bool:
         assert self._client is not None
@@ -281,65 +278,39 @@ class Controller:
                 log.info("publishing ResourceSlices",
                          extra={"api_version": self._version, "driver": self._driver})
                 self._publisher = Publisher(
-                    self._client, self._version, self._scope_for_node, self._scope_holding,
+                    self._client, self._version, self._scopes.for_node, self._scopes.holding,
                     metrics=self._metrics, report=self._report,
                 )
                 return True
             self._stop.wait(delay)
         return False
 
-    def _selector(self, node_name: str | None) -> str:
-        return f"spec.driver={self._driver},spec.nodeName={node_name or ''}"
-
     def _ensure_scopes(self) -> None:
         """Start the watch scopes the desired pools need (a started scope stays)."""
-        assert self._client is not None and self._version is not None
-        owner = self._owner
         with self._cond:
             self._scopes_dirty = False
             nodes = {s.pool.node_name for s in self._desired.values()}
+        owner = self._owner
         nodes.add(owner.name if owner is not None and owner.is_node else None)
-        for node in sorted(nodes, key=lambda n: n or ""):
-            selector = self._selector(node)
-            if selector in self._scopes:
-                continue
-            accepts = owned_by(owner) if node is None and owner is not None else accept_all
-            scope = Scope(selector, accepts)
-            with self._cond:
-                self._scopes[selector] = scope
-            watcher = Watcher(
-                self._client, self._version, scope, self, self._stop,
-                event_delay_s=self._timing.event_delay_s,
-                watch_timeout_s=self._timing.watch_timeout_s,
-                backoff=Backoff(self._timing.backoff_initial_s, self._timing.backoff_max_s,
-                                rng=self._rng),
-            )
-            self._spawn(watcher.run, f"slices-watch-{len(self._scopes)}")
+        self._scopes.ensure(nodes)
+
+    def _start_watcher(self, scope: Scope) -> None:
+        assert self._client is not None and self._version is not None
+        watcher = Watcher(
+            self._client, self._version, scope, self, self._stop,
+            event_delay_s=self._timing.event_delay_s,
+            watch_timeout_s=self._timing.watch_timeout_s,
+            backoff=Backoff(self._timing.backoff_initial_s, self._timing.backoff_max_s,
+                            rng=self._rng),
+        )
+        self._spawn(watcher.run, f"slices-watch-{len(self._scopes)}")
 
     def _ready(self, pool: str) -> bool:
         """Whether the scope holding ``pool``'s slices has been listed (caller holds _cond)."""
         state = self._desired.get(pool)
         if state is None:
-            return any(s.listed for s in self._scopes.values())
-        scope = self._scopes.get(self._selector(state.pool.node_name))
-        return scope is not None and scope.listed
-
-    def _scope_for_node(self, node_name: str | None) -> Scope | None:
-        with self._cond:
-            return self._scopes.get(self._selector(node_name))
-
-    def _scope_holding(self, pool: str, name: str) -> Scope | None:
-        with self._cond:
-            scopes = list(self._scopes.values())
-        for scope in scopes:
-            if any(o.get("metadata", {}).get("name") == name for o in scope.store.pool(pool)):
-                return scope
-        return None
-
-    def _existing(self, pool: str) -> list[dict[str, object]]:
-        with self._cond:
-            scopes = list(self._scopes.values())
-        return [obj for scope in scopes for obj in scope.store.pool(pool)]
+            return self._scopes.any_listed()
+        return self._scopes.listed(state.pool.node_name)
 
     # -- one pool ---------------------------------------------------------------------------
 
@@ -358,7 +329,7 @@ class Controller:
             for _ in range(self._timing.conflict_retries):
                 desired = effective(state, self._publisher.accepted) if state else None
                 plan = plan_pool(
-                    self._driver, pool, desired, self._existing(pool), self._owner_ref(),
+                    self._driver, pool, desired, self._scopes.existing(pool), self._owner_ref(),
                     generation_floor=self._generations.get(pool, 0),
                 )
                 try:
