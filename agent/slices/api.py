@@ -138,9 +138,12 @@ def _item(version: str, name: str) -> str:
 class KubeSliceClient:
     """``SliceClient`` over a ``kubernetes.client.ApiClient`` (auth, TLS, proxies from it)."""
 
-    def __init__(self, api_client: Any, field_manager: str = "dra-agent") -> None:
+    def __init__(
+        self, api_client: Any, field_manager: str = "dra-agent", page_size: int = LIST_PAGE_SIZE
+    ) -> None:
         self._client = api_client
         self._field_manager = field_manager
+        self._page_size = page_size
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -219,7 +222,7 @@ class KubeSliceClient:
 
     def list(self, version: str, field_selector: str) -> SliceList:
         items: list[dict[str, Any]] = []
-        query = [("fieldSelector", field_selector), ("limit", str(LIST_PAGE_SIZE))]
+        query = [("fieldSelector", field_selector), ("limit", str(self._page_size))]
         requests = 0
         cont = ""
         while True:
