@@ -1,7 +1,8 @@
 """Device preparation for claims: knows devices, checkpoint and CDI, nothing of gRPC."""
 
 from agent.prepare.cdispecs import CDIClaimSpecs, CommonEdits, DeviceEdits, EnvOnlyEdits
-from agent.prepare.state import ClaimSpecs, DevicePreparer, RecoveryReport, SpecDevice
+from agent.prepare.devices import SpecDevice
+from agent.prepare.state import ClaimSpecs, DevicePreparer, RecoveryReport
 
 __all__ = [
     "CDIClaimSpecs",

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from agent.claims import ClaimRef
-from agent.prepare.state import SpecDevice
+from agent.prepare.devices import SpecDevice
 from cdi.annotations import annotations_for
 from cdi.errors import CDIWriteError
 from cdi.files import claim_spec_file_name, remove_spec, write_spec

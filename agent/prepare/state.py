@@ -28,6 +28,13 @@ from agent.claimstatus import NicStatus
 from agent.failpoints import Failpoints, Point, hit
 from agent.metrics import Metrics
 from agent.opaque import ConfigDecodeError, DeviceConfig, merge_configs
+from agent.prepare.devices import (
+    NETDEV_TYPES,
+    SpecDevice,
+    check_pod_interfaces,
+    nic_status,
+    spec_device,
+)
 from agent.prepare.errors import (
     BadConfigError,
     CheckpointUnavailableError,
@@ -36,32 +43,9 @@ from agent.prepare.errors import (
     UnknownDeviceError,
 )
 from cdi.errors import CDIError
-from discovery.model import Device, DeviceType, Inventory
+from discovery.model import Device, Inventory
 
 log = logging.getLogger(__name__)
-
-
-#: Device types whose host network interface a claim may move into the pod.
-NETDEV_TYPES = frozenset({DeviceType.NIC, DeviceType.VF})
-
-
-@dataclass(frozen=True, slots=True)
-class SpecDevice:
-    """One device of a claim's CDI spec: the inventory device plus the env describing it.
-
-    ``move_netdev``: the claim's opaque config moves the device's host interface into the pod,
-    named ``interface_name`` there (None: its host name).
-    """
-
-    device: Device
-    env: tuple[str, ...]
-    move_netdev: bool = False
-    interface_name: str | None = None
-
-    @property
-    def pod_interface(self) -> str | None:
-        """The interface's name inside the pod when it moves there."""
-        return (self.interface_name or self.device.host.if_name) if self.move_netdev else None
 
 
 class ClaimSpecs(Protocol):
@@ -192,7 +176,7 @@ class DevicePreparer:
             return self._repeat(claim, existing, results)
         inventory = self.inventory().by_name()
         spec_devices = [self._spec_device(claim, r, inventory) for r in results]
-        self._check_pod_interfaces(ref, spec_devices)
+        check_pod_interfaces(ref, spec_devices)
         prepared = tuple(self._prepared(ref, r) for r in results)
         spec_path = str(self.specs.path(ref.uid))
         cdi_ids = [i for d in prepared for i in d.cdi_ids]
@@ -270,55 +254,16 @@ class DevicePreparer:
                 str(ref), f"opaque config for request {result.base_request}: {err}"
             ) from err
         env = self._device_env(result, device, config)
-        if not (config.move_netdev and device.type in NETDEV_TYPES):
-            return SpecDevice(device=device, env=env)  # a GPU ignores a claim-wide netdev
-        if not device.host.if_name:
-            raise BadConfigError(
-                str(ref),
-                f"opaque config for request {result.base_request}: netdev.move: device "
-                f"{device.name} has no network interface on the host (driver "
-                f"{device.host.driver or 'none'}), so there is nothing to move; drop "
-                "netdev.move for this request",
-            )
-        return SpecDevice(device=device, env=env, move_netdev=True,
-                          interface_name=config.pod_interface_name)
-
-    @staticmethod
-    def _check_pod_interfaces(ref: ClaimRef, devices: Sequence[SpecDevice]) -> None:
-        """Two interfaces moved into one pod under the same name: the runtime would fail the
-        container after the claim was reported prepared, so refuse it here."""
-        seen: dict[str, str] = {}
-        for item in devices:
-            name = item.pod_interface
-            if name is None:
-                continue
-            if name in seen:
-                raise BadConfigError(
-                    str(ref),
-                    f"netdev.interfaceName: devices {seen[name]} and {item.device.name} would "
-                    f"both be {name!r} inside the pod; give each request its own interfaceName",
-                )
-            seen[name] = item.device.name
+        return spec_device(ref, result, device, env, config)
 
     def network_status(self, claim: Claim) -> list[NicStatus]:
-        """What the claim's ``status.devices`` should say about its NICs, after a prepare.
-
-        The interface name is the one inside the pod when the claim moves it there, the host's
-        otherwise; the MAC is the one discovery published (``macAddress``).
-        """
+        """What the claim's ``status.devices`` should say about its NICs, after a prepare."""
         inventory = self.inventory().by_name()
         out: list[NicStatus] = []
         for result in claim.results_for(self.driver):
             device = inventory.get(result.device) if result.pool == self.pool else None
-            if device is None or device.type not in NETDEV_TYPES:
-                continue
-            item = self._spec_device(claim, result, inventory)
-            mac = device.attributes.get("macAddress")
-            out.append(NicStatus(
-                pool=result.pool, device=result.device, share_id=result.share_id,
-                interface_name=item.pod_interface or device.host.if_name,
-                hardware_address=mac if isinstance(mac, str) else None,
-            ))
+            if device is not None and device.type in NETDEV_TYPES:
+                out.append(nic_status(result, self._spec_device(claim, result, inventory)))
         return out
 
     def _device_env(
