@@ -276,3 +276,33 @@ def test_claim_update_without_defaults_is_not_a_spec_change(rapi: client.Resourc
     body["metadata"]["resourceVersion"] = created["metadata"]["resourceVersion"]
     out = raw(rapi.replace_namespaced_resource_claim, "claim", "default", body)
     assert out["metadata"]["labels"] == {"new": "label"}
+
+
+def test_deallocation_drops_device_status(rapi: client.ResourceV1Api) -> None:
+    raw(rapi.create_namespaced_resource_claim, "default", make_claim())
+    result = {"driver": "d.io", "pool": "p", "device": "gpu-0", "request": "gpu"}
+    claim = raw(rapi.read_namespaced_resource_claim_status, "claim", "default")
+    claim["status"] = {"allocation": {"devices": {"results": [result]}},
+                       "devices": [{"driver": "d.io", "pool": "p", "device": "gpu-0"}]}
+    claim = raw(rapi.replace_namespaced_resource_claim_status, "claim", "default", claim)
+    del claim["status"]["allocation"]
+    out = raw(rapi.replace_namespaced_resource_claim_status, "claim", "default", claim)
+    assert "devices" not in out.get("status", {})
+
+
+def test_reserved_for_cannot_grow_while_deleting(rapi: client.ResourceV1Api) -> None:
+    body = make_claim()
+    body["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+    raw(rapi.create_namespaced_resource_claim, "default", body)
+    result = {"driver": "d.io", "pool": "p", "device": "gpu-0", "request": "gpu"}
+    raw(rapi.patch_namespaced_resource_claim_status, "claim", "default", {"status": {
+        "allocation": {"devices": {"results": [result]}},
+        "reservedFor": [{"resource": "pods", "name": "a", "uid": "ua"}]}})
+    raw(rapi.delete_namespaced_resource_claim, "claim", "default")
+    code, body = fails(rapi.patch_namespaced_resource_claim_status, "claim", "default",
+                       {"status": {"reservedFor": [{"resource": "pods", "name": "b",
+                                                    "uid": "ub"}]}})
+    assert code == 422 and body["details"]["causes"][0]["field"] == "status.reservedFor"
+    out = raw(rapi.patch_namespaced_resource_claim_status, "claim", "default",
+              {"status": {"reservedFor": [{"uid": "ua", "$patch": "delete"}]}})
+    assert out["status"].get("reservedFor", []) == []

@@ -139,7 +139,7 @@ def test_apply_same_values_by_two_managers_do_not_conflict(rapi: client.Resource
 def test_apply_conflicts_with_an_update_by_another_client(rapi: client.ResourceV1Api) -> None:
     obj = raw(rapi.patch_resource_slice, "s1", make_slice("s1"), field_manager="agent",
               _content_type=APPLY)
-    obj["spec"]["devices"] = []
+    obj["spec"]["devices"] = [{"name": "edited"}]
     raw(rapi.replace_resource_slice, "s1", obj, field_manager="kubectl-edit")
     code, body = fails(rapi.patch_resource_slice, "s1", make_slice("s1"), field_manager="agent",
                        _content_type=APPLY)

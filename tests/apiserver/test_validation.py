@@ -221,3 +221,16 @@ def test_body_over_3_mib_is_413(rapi: client.ResourceV1Api) -> None:
     body["metadata"]["annotations"] = {"big": "x" * (3 * 1024 * 1024)}
     code, status = fails(rapi.create_resource_slice, body)
     assert code == 413 and status["reason"] == "RequestEntityTooLarge"
+
+
+def test_empty_lists_and_maps_are_omitted_like_go_omitempty(rapi: client.ResourceV1Api) -> None:
+    body = make_slice("s1")
+    body["metadata"]["labels"] = {}
+    body["metadata"]["finalizers"] = []
+    dev = body["spec"]["devices"][0]
+    dev["taints"] = []
+    dev["capacity"] = {}
+    out = raw(rapi.create_resource_slice, body)
+    assert "labels" not in out["metadata"] and "finalizers" not in out["metadata"]
+    assert "taints" not in out["spec"]["devices"][0]
+    assert "capacity" not in out["spec"]["devices"][0]

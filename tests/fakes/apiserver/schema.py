@@ -148,3 +148,42 @@ def apply_field_validation(mode: str, decoded: Decoded) -> list[str]:
     if mode == "Ignore":
         return []
     return texts
+
+
+def _omit(value: Any, schema: dict[str, Any]) -> None:
+    ref = schema.get("$ref")
+    if ref:
+        name = ref.rsplit("/", 1)[-1]
+        if name in (_QUANTITY, _INT_OR_STRING):
+            return
+        schema = definitions()[name]
+    props = schema.get("properties")
+    extra = schema.get("additionalProperties")
+    if isinstance(value, dict) and (props is not None or isinstance(extra, dict)):
+        for key in list(value):
+            sub = props.get(key) if props is not None else extra
+            if not isinstance(sub, dict):
+                continue
+            item = value[key]
+            if isinstance(item, list) and not item:
+                del value[key]
+            elif isinstance(item, dict) and not item and _is_map(sub):
+                del value[key]
+            else:
+                _omit(item, sub)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for item in value:
+            _omit(item, schema["items"])
+
+
+def _is_map(schema: dict[str, Any]) -> bool:
+    ref = schema.get("$ref")
+    if ref:
+        schema = definitions()[ref.rsplit("/", 1)[-1]]
+    return "additionalProperties" in schema and "properties" not in schema
+
+
+def omit_empty(rtype: ResourceType, obj: dict[str, Any]) -> None:
+    """Drop empty lists and maps in place, as Go's `omitempty` does when the server encodes
+    the stored object; a client that sends `taints: []` reads back no `taints` at all."""
+    _omit(obj, definitions()[definition_name(rtype, "v1")])

@@ -19,7 +19,7 @@ from .errors import APIError
 from .handler import APIServerHTTP
 from .registry import now_rfc3339
 from .resources import RESOURCE_VERSIONS, ResourceType
-from .schema import decode
+from .schema import decode, omit_empty
 from .store import key_text
 from .watch import WatchSettings
 
@@ -254,6 +254,7 @@ class FakeAPIServer:
                 stored.setdefault("spec", {"finalizers": ["kubernetes"]})
                 stored.setdefault("status", {"phase": "Active"})
             engine.writer.prepare(rtype, stored, old)
+            omit_empty(rtype, stored)
             return store.commit(rtype.plural, key, stored)
 
     def get_object(

@@ -120,6 +120,12 @@ def _default_exact(req: Obj) -> None:
         tol.setdefault("operator", "Equal")
 
 
+def drop_deallocated_devices(status: Obj, old_status: Obj) -> None:
+    """Deallocating a claim also drops the device status its drivers wrote."""
+    if old_status.get("allocation") and not status.get("allocation"):
+        status.pop("devices", None)
+
+
 def default_claim_spec(spec: Obj) -> None:
     """Defaults a claim spec gets on the way in (allocationMode, count, toleration operator)."""
     for req in ((spec.get("devices") or {}).get("requests")) or []:
@@ -278,6 +284,18 @@ def validate_claim_status(new: Obj, old: Obj | None) -> list[FieldError]:
     ):
         errs.append(FieldError("Invalid", "status.allocation", None, "field is immutable"))
     reserved = status.get("reservedFor") or []
+    if ((old or {}).get("metadata") or {}).get("deletionTimestamp"):
+        before = {r.get("uid") for r in old_status.get("reservedFor") or []}
+        if any(r.get("uid") not in before for r in reserved):
+            errs.append(
+                FieldError(
+                    "Forbidden",
+                    "status.reservedFor",
+                    None,
+                    "new entries may not be added while `deallocationRequested` or "
+                    "`deletionTimestamp` are set",
+                )
+            )
     if reserved and not status.get("allocation"):
         errs.append(
             FieldError(

@@ -26,11 +26,12 @@ from .patch import (
 )
 from .registry import Registry, Request, key_of, options_invalid
 from .resources import ResourceType
-from .schema import apply_field_validation, decode
+from .schema import apply_field_validation, decode, omit_empty
 from .store import Key
 from .validation import (
     default_claim_spec,
     default_slice,
+    drop_deallocated_devices,
     drop_disabled_slice_fields,
     validate_object,
 )
@@ -96,6 +97,8 @@ class Writer:
             default_slice(spec, self.reg.now())
         if rtype.plural == "resourceclaims" and isinstance(spec, dict):
             default_claim_spec(spec)
+        if rtype.plural == "resourceclaims" and old is not None and "status" in obj:
+            drop_deallocated_devices(obj["status"] or {}, old.get("status") or {})
         inner = spec.get("spec") if isinstance(spec, dict) else None
         if rtype.plural == "resourceclaimtemplates" and isinstance(inner, dict):
             default_claim_spec(inner)
@@ -146,6 +149,7 @@ class Writer:
             meta["name"] = self.generate_name(generate)
         self.prepare(rtype, obj, None)
         self._validate(req, obj, None)
+        omit_empty(rtype, obj)
         store = self.reg.store
         with store.cond:
             if rtype.namespaced and not req.params.get("_skip_ns_check"):
@@ -250,6 +254,7 @@ class Writer:
         meta["resourceVersion"] = old_meta["resourceVersion"]
         self.prepare(rtype, obj, old)
         self._validate(req, obj, old)
+        omit_empty(rtype, obj)
         if rtype.spec_generation and obj.get("spec") != old.get("spec"):
             meta["generation"] = old_meta.get("generation", 0) + 1
         store = self.reg.store
