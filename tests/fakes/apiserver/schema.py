@@ -165,7 +165,9 @@ def _omit(value: Any, schema: dict[str, Any]) -> None:
             if not isinstance(sub, dict):
                 continue
             item = value[key]
-            if (isinstance(item, list) and not item) or (isinstance(item, dict) and not item and _is_map(sub)):
+            if (isinstance(item, list) and not item) or (
+                isinstance(item, dict) and not item and _is_map(sub)
+            ):
                 del value[key]
             else:
                 _omit(item, sub)
