@@ -154,3 +154,10 @@ def test_process_mode_prints_url_and_stops_on_sigterm(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_request_is_recorded_before_its_answer_arrives(srv: FakeAPIServer,
+                                                         rapi: client.ResourceV1Api) -> None:
+    for i in range(20):
+        rapi.create_resource_slice(make_slice(f"s{i}"))
+        assert len(srv.requests) == i + 1

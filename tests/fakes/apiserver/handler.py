@@ -108,6 +108,8 @@ class APIRequestHandler(BaseHTTPRequestHandler):
         warnings: list[str] | None = None,
     ) -> None:
         data = json.dumps(payload, separators=(",", ":")).encode()
+        # Record before answering: a client that sees the answer also sees the record.
+        self._record(code)
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
