@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,9 @@ class _Rig:
                     return bool(dev.get("taints"))
         return False
 
+    def untainted(self, *devices: str) -> bool:
+        return not any(self.tainted(d) for d in devices)
+
     def writes(self) -> int:
         return sum(1 for r in self.srv.requests
                    if r.verb in WRITES and "resourceslices" in r.path)
@@ -143,16 +147,16 @@ def _latencies(sources: Sources, srv: Any, root: Path, rounds: int) -> list[Figu
             gpu, nic = gpus[i % len(gpus)], nics[i % len(nics)]
             start = time.perf_counter()
             nvml.inject_xid(str(gpu.host.uuid), 79 if i % 2 else 48)
-            out["xid taint"].append((_until(lambda g=gpu.name: rig.tainted(g)) - start) * 1000)
+            out["xid taint"].append((_until(partial(rig.tainted, gpu.name)) - start) * 1000)
             out["xid stream"].append((_stream_time(rig, gpu.name, start) - start) * 1000)
             base = sysfs / "class/net" / str(nic.host.if_name)
             time.sleep(rng.uniform(0, options.nic_poll_s))  # anywhere in the poll cycle
             start = time.perf_counter()
             (base / "carrier").write_text("0\n")
-            out["link taint"].append((_until(lambda n=nic.name: rig.tainted(n)) - start) * 1000)
+            out["link taint"].append((_until(partial(rig.tainted, nic.name)) - start) * 1000)
             out["link stream"].append((_stream_time(rig, nic.name, start) - start) * 1000)
             (base / "carrier").write_text("1\n")
-            _until(lambda g=gpu.name, n=nic.name: not rig.tainted(g) and not rig.tainted(n))
+            _until(partial(rig.untainted, gpu.name, nic.name))
     finally:
         rig.close()
     figures = []
