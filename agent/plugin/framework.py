@@ -168,7 +168,8 @@ class PluginFramework:
     ``status``: where prepared NICs are reported; by default, when claims come from the API
     server (``APIClaimSource``), a ``ClaimStatusWriter`` on the same client, so the agent that
     may read a claim also tries to report its NICs; None otherwise. ``failpoints``: crash-test
-    hooks, also handed to the preparer when it has none.
+    hooks (``Failpoints.from_env``), shared with the preparer: setting ``failpoints`` later
+    sets both.
     """
 
     def __init__(
@@ -191,13 +192,21 @@ class PluginFramework:
                 claims.api_client, driver, preparer.node_name, metrics=self.metrics
             )
         self.status = status
-        self.failpoints = failpoints
-        if failpoints is not None and preparer.failpoints is None:
-            preparer.failpoints = failpoints
+        if failpoints is not None:
+            self.failpoints = failpoints
         self._locks = _KeyedLocks()
         #: Rolling-update mode: two agent instances share the plugin directory and either may
         #: get any call, so every claim operation also holds this cross-process file lock.
         self._serialize_lock = serialize_lock
+
+    @property
+    def failpoints(self) -> Failpoints | None:
+        return self.preparer.failpoints
+
+    @failpoints.setter
+    def failpoints(self, value: Failpoints | None) -> None:
+        # One set of points for the whole call path: the preparer holds it, we read it.
+        self.preparer.failpoints = value
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -294,12 +303,11 @@ class PluginFramework:
         assert self.status is not None
         try:
             nics = self.preparer.network_status(claim)
-        except Exception:  # prepare just succeeded with the same inputs; a bug, not the claim's
-            log.exception("cannot tell the claim's NICs", extra={"claim": claim.ref.uid})
+            if nics:
+                self.status.report(obj, nics)
+        except Exception:  # prepare just succeeded with the same inputs: a bug, not the claim's
+            log.exception("reporting the claim's NICs failed", extra={"claim": claim.ref.uid})
             self.metrics.claim_status_errors.inc()
-            return
-        if nics:
-            self.status.report(obj, nics)
 
     def _failed(
         self, op: str, ref: ClaimRef, reason: str, message: str, request_id: int

@@ -174,3 +174,19 @@ def test_entries_keep_the_transition_time_and_compare_equal() -> None:
     assert up_to_date(claim, [again])
     moved = [NicStatus(NODE, "nic-0", share_id="s1", interface_name="net2")]
     assert not up_to_date(claim, device_entries(claim, DRIVER, NODE, moved, now=lambda: T0))
+
+
+def test_a_reporter_that_raises_never_fails_the_prepare(short_root: Path) -> None:
+    class Broken:
+        def report(self, claim: Any, nics: Any) -> bool:
+            raise RuntimeError("bug")
+
+    n = build_node(short_root)
+    try:
+        n.server.framework.status = Broken()
+        claim = n.book.put(make_claim("net", ["nic-0"]))
+        assert n.prepare(claim)[claim["metadata"]["uid"]].ok
+        assert n.metrics.registry.get_sample_value("dra_agent_claim_status_errors_total") == 1
+    finally:
+        n.kubelet.stop()
+        n.server.stop(0)

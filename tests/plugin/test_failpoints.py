@@ -65,7 +65,7 @@ def test_bad_failpoint_settings_fail_at_start(text: str, message: str) -> None:
 
 def test_sleep_action_stalls_and_hits_are_counted(node: Node) -> None:
     fp = Failpoints.parse("prepare-after-started=sleep:1")
-    node.server.framework.failpoints = node.server.preparer.failpoints = fp
+    node.server.framework.failpoints = fp
     claim = node.book.put(make_claim("c1", ["gpu-0"]))
     assert node.prepare(claim)[claim["metadata"]["uid"]].ok
     assert node.unprepare(claim)[claim["metadata"]["uid"]].ok
@@ -89,7 +89,7 @@ def records(node: Node) -> dict[str, ClaimState]:
 def test_injected_prepare_error_is_the_claims_answer_and_the_retry_works(
     node: Node, point: Point
 ) -> None:
-    node.server.framework.failpoints = node.server.preparer.failpoints = Failpoints(
+    node.server.framework.failpoints = Failpoints(
         {point: Action(Kind.ERROR)})
     claim = node.book.put(make_claim("c1", ["gpu-0", "gpu-1"]))
     uid = claim["metadata"]["uid"]
@@ -99,7 +99,7 @@ def test_injected_prepare_error_is_the_claims_answer_and_the_retry_works(
         assert records(node) == {uid: ClaimState.PREPARE_COMPLETED}
     else:  # rolled back: nothing reserved, no spec
         assert records(node) == {} and not spec_of(node, uid).exists()
-    node.server.framework.failpoints = node.server.preparer.failpoints = None
+    node.server.framework.failpoints = None
     again = node.prepare(claim)[uid]  # the kubelet retries
     assert again.ok and len(again.devices) == 2 and spec_of(node, uid).exists()
     assert node.unprepare(claim)[uid].ok
@@ -118,12 +118,12 @@ def test_injected_unprepare_error_leaves_a_state_the_retry_finishes(
     claim = node.book.put(make_claim("c1", ["gpu-3"]))
     uid = claim["metadata"]["uid"]
     assert node.prepare(claim)[uid].ok
-    node.server.preparer.failpoints = node.server.framework.failpoints = Failpoints(
+    node.server.framework.failpoints = Failpoints(
         {point: Action(Kind.ERROR)})
     assert f"failpoint {point}" in node.unprepare(claim)[uid].error
     assert spec_of(node, uid).exists() is spec_left
     assert (uid in records(node)) is record_left
-    node.server.preparer.failpoints = node.server.framework.failpoints = None
+    node.server.framework.failpoints = None
     assert node.unprepare(claim)[uid].ok
     assert records(node) == {} and not spec_of(node, uid).exists()
 
