@@ -76,6 +76,9 @@ class APIServerHTTP(ThreadingHTTPServer):
 
 class APIRequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Keep-alive connections with Nagle on hold each small answer ~40 ms (delayed ACK); a real
+    # API server (Go's net/http) sets TCP_NODELAY too, and latency benchmarks depend on it.
+    disable_nagle_algorithm = True
     server: APIServerHTTP
     server_version = "fake-kube-apiserver"
     _pending_record: tuple[str, str, str, dict[str, str]] | None = None
