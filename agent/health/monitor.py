@@ -2,9 +2,10 @@
 
 Threads (DESIGN.md: threads, one stop event): ``health-worker`` polls NIC link state, reads
 the GPU watcher's levels, evaluates the state machine and calls ``on_change``; ``health-gpu``
-blocks in the NVML event wait; one ``health-events`` thread per udev-style event source only
-wakes the worker early. ``on_change`` is called from the worker thread, one call at a time,
-with the complete published mapping (device name -> DeviceHealth).
+blocks in the NVML event wait; one ``health-events`` thread per event source (udev, and
+rtnetlink link messages on a real host) only wakes the worker early. ``on_change`` is called
+from the worker thread, one call at a time, with the complete published mapping (device
+name -> DeviceHealth).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from agent.health.gpu import SOURCE as GPU_SOURCE
 from agent.health.gpu import GpuWatcher, gpu_uuid
 from agent.health.model import ChangeFeed, Condition, DeviceHealth, HealthState, Kind
+from agent.health.netlink import open_link_events
 from agent.health.nic import SOURCE as NIC_SOURCE
 from agent.health.nic import NicProbe
 from agent.health.options import HealthOptions
@@ -58,7 +61,7 @@ class HealthMonitor:
         #: Bumped on every published change (additions and removals included); the kubelet
         #: stream waits on it.
         self.changes = ChangeFeed()
-        self._events = tuple(events)
+        self._events: tuple[DeviceEvents, ...] = tuple(events)
         self._stop = stop_event or threading.Event()
         self._lock = threading.Lock()  # guards the tracker
         self._tracker = Tracker(options.quiet_period_s, options.min_publish_interval_s)
@@ -86,6 +89,11 @@ class HealthMonitor:
             self._gpu = GpuWatcher(self.sources.gpu, self.options, self,
                                    inventory=self._inventory, stop=self._stop, clock=self.clock)
             self._gpu.setup()
+        if self.options.link_events and self.sources.sysfs_root == Path("/sys"):
+            # Only the host's own sysfs changes with the host's netlink messages.
+            link = open_link_events()
+            if link is not None:
+                self._events += (link,)
         self._cycle(poll_nics=True)
         self._spawn(self._run, "health-worker")
         if self._gpu is not None:

@@ -51,6 +51,8 @@ class HealthOptions:
     gpu_poll_s: float = 5.0
     #: Retry period when NVML cannot be initialised at all.
     gpu_retry_s: float = 30.0
+    #: Wake the link poll on rtnetlink link messages (host sysfs only).
+    link_events: bool = True
 
     def __post_init__(self) -> None:
         for kind, effect in self.effects.items():

@@ -159,3 +159,32 @@ def test_metrics_count_events_and_recoveries(h100: Node, monitors: list[HealthMo
 
     assert (sample("xid"), sample("xid-ignored"), sample("recovered")) == (1, 1, 1)
     assert m.snapshot()["gpu-4"].conditions == ()
+
+
+def test_link_messages_wake_once_per_burst() -> None:
+    import socket
+
+    from agent.health.netlink import LinkEvents
+
+    ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    events = LinkEvents(ours)
+    try:
+        assert events.poll(0.01) is None
+        kernel.send(b"RTM_NEWLINK 1")
+        kernel.send(b"RTM_NEWLINK 2")
+        event = events.poll(1.0)
+        assert event is not None and event.subsystem == "net"
+        assert events.poll(0.01) is None  # the burst was one wake-up
+    finally:
+        events.close()
+        kernel.close()
+    assert events.poll(0.01) is None  # closed: quiet, not an error
+
+
+def test_host_link_events_open_or_are_skipped_without_error() -> None:
+    from agent.health.netlink import open_link_events
+
+    events = open_link_events()  # None where the sandbox forbids netlink
+    if events is not None:
+        events.poll(0.01)
+        events.close()
