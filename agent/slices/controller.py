@@ -41,7 +41,8 @@ log = logging.getLogger("agent.slices")
 class Timing:
     """Knobs; the defaults are the daemon's, tests shorten some."""
 
-    event_delay_s: float = 0.2  # coalescing window after a foreign change
+    event_delay_s: float = 0.1  # quiet time after a foreign change before repairing
+    burst_max_s: float = 1.0  # a long burst of foreign changes is repaired after this
     watch_timeout_s: int = 300  # server-side end of each watch request
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 30.0
@@ -85,6 +86,7 @@ class Controller:
         self._in_sync = threading.Event()
         self._desired = to_desired(resources, owner)
         self._pending: dict[str, float] = dict.fromkeys(self._desired, 0.0)
+        self._bursts: dict[str, float] = {}  # pool -> first event of a burst being debounced
         self._scopes = Scopes(driver, owner, self._start_watcher)
         self._scopes_dirty = False
         self._threads: list[threading.Thread] = []
@@ -135,20 +137,47 @@ class Controller:
     def stop(self) -> None:
         """Stop all background work and wait for every thread to end."""
         self._halt()
-        for thread in self._threads:
+        # The worker is the only thread that starts others: once it has ended, the list of
+        # threads is final.
+        index = 0
+        while index < len(self._threads):
+            thread = self._threads[index]
             if thread is not threading.current_thread():
                 thread.join()
+            index += 1
 
     # -- watch.Sink -------------------------------------------------------------------------
 
     def schedule(self, pools: Iterable[str], delay: float) -> None:
+        """Sync ``pools`` now (delay 0) or once a burst of foreign changes has settled.
+
+        A burst (a kubelet's deletecollection: one event per slice) is debounced: each event
+        pushes the sync ``delay`` further, but never past ``burst_max_s`` after the burst's
+        first event. Syncing in the middle of it would plan on a half-deleted pool.
+        """
         pools = list(pools)
         if not pools:
             return
         with self._cond:
-            due = time.monotonic() + delay
+            now = time.monotonic()
             for pool in pools:
-                self._pending[pool] = min(self._pending.get(pool, due), due)
+                if delay <= 0:
+                    self._pending[pool] = now
+                    self._bursts.pop(pool, None)
+                    continue
+                start = self._bursts.setdefault(pool, now)
+                due = min(now + delay, start + self._timing.burst_max_s)
+                current = self._pending.get(pool)
+                if current is not None and current < start:
+                    due = min(current, due)  # an earlier, non-burst sync is kept
+                self._pending[pool] = due
+            self._in_sync.clear()
+            self._cond.notify_all()
+
+    def _retry_later(self, pool: str, delay: float) -> None:
+        with self._cond:
+            due = time.monotonic() + delay
+            self._pending[pool] = min(self._pending.get(pool, due), due)
             self._in_sync.clear()
             self._cond.notify_all()
 
@@ -178,6 +207,8 @@ class Controller:
                               extra={"thread_name": name})
                 self._report(err)
 
+        if self._stop.is_set():
+            return
         thread = threading.Thread(target=run, name=name, daemon=True)
         self._threads.append(thread)
         thread.start()
@@ -235,6 +266,7 @@ class Controller:
             if due:
                 for pool in due:
                     del self._pending[pool]
+                    self._bursts.pop(pool, None)
                 return due
             if not self._pending and self._scopes.all_listed():
                 self._mark_synced()
@@ -383,7 +415,7 @@ class Controller:
     def _failed(self, pool: str, err: ApiError) -> None:
         delay = self._backoff(f"pool/{pool}").next()
         self._failing.add(pool)
-        self.schedule([pool], delay)
+        self._retry_later(pool, delay)
         self._metrics.slice_errors.labels(
             reason="unavailable" if err.transient else "api_error"
         ).inc()

@@ -135,6 +135,7 @@ def test_kubelet_wipe_is_repaired_from_the_watch(srv: FakeAPIServer, harness: Ha
     c = harness.start(srv, resources(node1=pool_of(256)))  # resync far away: only the watch
     assert c.synced(10)
     generation = our_slices(srv)[0]["spec"]["pool"]["generation"]
+    srv.clear_requests()
     started = time.monotonic()
     wipe(srv)
     wait_for(lambda: len(our_slices(srv)) == 2, what="slices back")
@@ -143,6 +144,9 @@ def test_kubelet_wipe_is_repaired_from_the_watch(srv: FakeAPIServer, harness: Ha
     objs = our_slices(srv)
     assert {o["spec"]["pool"]["generation"] for o in objs} == {generation + 1}
     assert device_names(objs) == [f"gpu-{i}" for i in range(256)]
+    assert c.synced(10)
+    # The burst of deletions was waited out: no write was planned on a half-deleted pool.
+    assert [w[0] for w in writes(srv)] == ["create", "create"]
 
 
 def test_one_deleted_slice_is_recreated_alone(srv: FakeAPIServer, harness: Harness) -> None:
