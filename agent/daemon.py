@@ -233,6 +233,7 @@ class Daemon:
         self._publish(self.inventory)
 
     def _start_plugin(self, api_client: Any) -> None:
+        from agent.failpoints import FailpointConfigError, Failpoints
         from agent.plugin import AlreadyRunningError, PluginOptions, PluginServer, SocketError
         from cdi.edits import EditsProvider
 
@@ -250,9 +251,15 @@ class Daemon:
             registration_timeout_s=self.options.registration_timeout_s,
             boot_id_path=self.options.boot_id_path,
         )
+        try:
+            # Crash tests only: DRA_AGENT_FAILPOINTS makes the agent die at chosen steps.
+            failpoints = Failpoints.from_env(self.environ)
+        except FailpointConfigError as err:
+            raise DaemonError(str(err)) from err
         self.plugin = PluginServer(
             options, api_client, lambda: self.inventory, edits, self.metrics, health_servicer,
             claim_source=None if api_client is not None else NoAPIClaimSource(),
+            failpoints=failpoints,
         )
         try:
             self.plugin.start()

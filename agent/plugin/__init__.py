@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.checkpoint_store import CheckpointStore, read_boot_id
+from agent.failpoints import Failpoints
 from agent.metrics import Metrics
 from agent.plugin.framework import APIClaimSource, ClaimSource, PluginFramework
 from agent.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServer
@@ -79,6 +80,7 @@ class PluginServer:
         health_servicer: Any = None,
         *,
         claim_source: ClaimSource | None = None,
+        failpoints: Failpoints | None = None,
     ) -> None:
         if api_client is None and claim_source is None:
             # Without an API server there is no claim to read: fail at start, not per call.
@@ -101,6 +103,7 @@ class PluginServer:
             self.preparer,
             self.metrics,
             serialize_lock=self.paths.serialize_lock if options.rolling_update else None,
+            failpoints=failpoints,
         )
         self._health = health_servicer
         versions = (*DRA_SERVICES, HEALTH_SERVICE) if health_servicer is not None else DRA_SERVICES
