@@ -46,6 +46,8 @@ def start_agent(dirs: NodeDirs, cluster: Cluster) -> Iterator[StartAgent]:
     for agent in started:
         if agent.alive():
             agent.kill()
+        # Shown by pytest only when the test failed: what each agent said.
+        print(f"--- {agent.log.name} (exit {agent.proc.returncode}) ---\n{agent.logs()[-6000:]}")
 
 
 @pytest.fixture
@@ -56,3 +58,10 @@ def kubelet(dirs: NodeDirs, cluster: Cluster) -> Iterator[KubeletStandIn]:
                              node_name=NODE, retry_initial=0.05)
     with standin:
         yield standin
+        print("--- kubelet stand-in ---")
+        for reg in standin.registrations:
+            print("registered", reg.socket_path.name, reg.endpoint)
+        for reg in standin.deregistrations:
+            print("deregistered", reg.socket_path.name, reg.endpoint)
+        for failure in standin.failures:
+            print("failed", failure)

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from tests.fakes.apiserver import FakeAPIServer
-from tests.fakes.kubelet import ClaimRef, PrepareResult
+from tests.fakes.kubelet import ClaimRef, KubeletStandIn, PrepareResult, Registration
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "dra-agent.io"
@@ -222,6 +222,23 @@ class AgentProcess:
         raise AssertionError(f"no VmRSS for pid {self.pid}")
 
 
+def wait_registered(kubelet: KubeletStandIn, since: int = 0,
+                    timeout: float = 20.0) -> Registration:
+    """Wait for a registration of the driver (at index >= ``since``) that stays put.
+
+    The stand-in identifies a socket by inode and ctime, and the agent chmods its registration
+    socket just after it starts serving; a scan between the two registers the plugin, and the
+    next one sees a "new" socket and registers it again (a real kubelet reacts to create and
+    remove events only). Waiting until later scans agree keeps tests off that window.
+    """
+    while True:
+        reg = kubelet.wait_registered(DRIVER, timeout=timeout, since=since)
+        time.sleep(kubelet.poll_interval * 4)
+        if kubelet.registered(DRIVER) is reg:
+            return reg
+        since = kubelet.registrations.index(reg) + 1
+
+
 # --- the cluster: API server plus the scheduler's part ----------------------------------------
 
 
@@ -282,7 +299,8 @@ class Cluster:
         others = [c for c in self.server.list_objects("resourceclaims")
                   if (c.get("status") or {}).get("allocation")
                   and c["metadata"]["uid"] != meta["uid"]]
-        result = explain(dict(claim), self.classes, self.node_slices(), NODE, allocated=others)
+        slices = self.wait_published()  # the scheduler only sees what was published
+        result = explain(dict(claim), self.classes, slices, NODE, allocated=others)
         assert result.fits and result.allocation, f"claim does not fit: {result.to_dict()}"
         current = self.server.get_object("resourceclaims", meta["name"], meta["namespace"])
         assert current is not None

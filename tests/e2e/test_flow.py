@@ -28,6 +28,7 @@ from tests.e2e.harness import (
     claims_command,
     ref,
     wait_for,
+    wait_registered,
 )
 from tests.fakes.kubelet import ClaimRef, KubeletStandIn
 
@@ -45,7 +46,7 @@ def test_gpu_and_nic_under_one_pcie_root_from_slices_to_nothing_left(
     cdi_check_bin: Path,
 ) -> None:
     agent = start_agent()
-    kubelet.wait_registered(DRIVER, timeout=20)
+    wait_registered(kubelet)
     agent.wait_http("/readyz")
     devices = cluster.published_devices()
     assert sum(d.startswith("gpu-") for d in devices) == 8
@@ -97,7 +98,7 @@ def test_claim_shared_by_several_pods(
     dirs: NodeDirs, cluster: Cluster, start_agent: StartAgent, kubelet: KubeletStandIn
 ) -> None:
     start_agent().wait_http("/readyz")
-    kubelet.wait_registered(DRIVER, timeout=20)
+    wait_registered(kubelet)
     claim = cluster.allocate(cluster.create_claim("shared"), pods=3)
     assert len(claim["status"]["reservedFor"]) == 3
     uid = claim["metadata"]["uid"]
@@ -143,10 +144,11 @@ def test_rolling_update_two_agents_at_once(
     dirs: NodeDirs, cluster: Cluster, start_agent: StartAgent, kubelet: KubeletStandIn
 ) -> None:
     old = start_agent("--rolling-update", "--pod-uid", "pod-a", name="old")
-    old_reg = kubelet.wait_registered(DRIVER, timeout=20)
+    old_reg = wait_registered(kubelet)
     old.wait_http("/readyz")
+    since = len(kubelet.registrations)
     new = start_agent("--rolling-update", "--pod-uid", "pod-b", name="new")
-    new_reg = kubelet.wait_registered(DRIVER, timeout=20, since=len(kubelet.registrations))
+    new_reg = wait_registered(kubelet, since)
     new.wait_http("/readyz")
     assert old_reg.endpoint != new_reg.endpoint
     assert old_reg.socket_path != new_reg.socket_path
