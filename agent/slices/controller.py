@@ -45,7 +45,7 @@ class Timing:
     burst_max_s: float = 1.0  # a long burst of foreign changes is repaired after this
     watch_timeout_s: int = 300  # server-side end of each watch request
     backoff_initial_s: float = 0.2
-    backoff_max_s: float = 30.0
+    backoff_max_s: float = 10.0
     conflict_retries: int = 5  # re-read-and-plan-again rounds per sync before backing off
     stop_poll_s: float = 0.5  # how often a caller's stop_event is looked at
 
@@ -87,6 +87,7 @@ class Controller:
         self._desired = to_desired(resources, owner)
         self._pending: dict[str, float] = dict.fromkeys(self._desired, 0.0)
         self._bursts: dict[str, float] = {}  # pool -> first event of a burst being debounced
+        self._recovered = False  # set by a watcher when the server answers again
         self._scopes = Scopes(driver, owner, self._start_watcher)
         self._scopes_dirty = False
         self._threads: list[threading.Thread] = []
@@ -196,6 +197,16 @@ class Controller:
             "retry_in_s": round(retry_in_s, 2),
         })
 
+    def watch_recovered(self, scope: Scope) -> None:
+        log.info("watching ResourceSlices again", extra={"selector": scope.field_selector})
+        with self._cond:
+            now = time.monotonic()
+            # Pools waiting in back-off are retried now, from the shortest delay again.
+            for pool, due in self._pending.items():
+                self._pending[pool] = min(due, now)
+            self._recovered = True
+            self._cond.notify_all()
+
     # -- threads ----------------------------------------------------------------------------
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
@@ -257,6 +268,10 @@ class Controller:
     def _take_due(self) -> list[str] | None:
         """Pools due now; None after waiting (for work, a stop, or the periodic resync)."""
         with self._cond:
+            if self._recovered:
+                self._recovered = False
+                self._backoffs = {k: v for k, v in self._backoffs.items()
+                                  if not k.startswith("pool/")}
             now = time.monotonic()
             if now >= self._next_resync:
                 self._next_resync = now + self._resync_period_s

@@ -34,6 +34,9 @@ class Sink(Protocol):
 
     def watch_failed(self, scope: Scope, error: ApiError, retry_in_s: float) -> None: ...
 
+    def watch_recovered(self, scope: Scope) -> None:
+        """The server answers again after a failure: retry what waits in back-off now."""
+
 
 @dataclass
 class Scope:
@@ -102,12 +105,14 @@ class Watcher:
                 )
                 if not scope.set_stream(stream, self._stop.is_set()):
                     return
+                if self._backoff.failures:
+                    self._backoff.reset()
+                    self._sink.watch_recovered(scope)
                 try:
                     rv = self._consume(stream, rv)
                 finally:
                     scope.set_stream(None, False)
                     stream.close()
-                self._backoff.reset()
             except ApiError as err:
                 if self._stop.is_set():
                     return
