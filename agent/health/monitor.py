@@ -82,8 +82,8 @@ class HealthMonitor:
         """Compute the first state synchronously (GPUs registered, links read), then start
         the threads. ``on_change`` is called now only if some device is already unhealthy;
         ``snapshot()``/``apply_taints()`` are valid as soon as this returns."""
-        if self._threads:
-            raise RuntimeError("health monitor already started")
+        if self._threads or self._stop.is_set():
+            raise RuntimeError("health monitor already started (or stopped: build a new one)")
         self._provider = inventory_provider
         if self.sources.gpu is not None:
             self._gpu = GpuWatcher(self.sources.gpu, self.options, self,

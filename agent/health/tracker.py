@@ -3,7 +3,8 @@
 Signals come in two shapes:
 
 * **events** (an Xid, an ECC error): a point in time. The condition holds until no new event
-  came for ``quiet_period_s``.
+  came for ``quiet_period_s`` (at least ``MIN_EVENT_HOLD_S``, so an event is always seen by
+  one publish even with a zero quiet period).
 * **levels** (link down, GPU lost, unmonitored): a source states, for every device it covers,
   which conditions are asserted right now. A condition no longer asserted starts its quiet
   period; asserted again, it is back in force and the quiet period starts over.
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from agent.health.model import KIND_ORDER, Condition, DeviceHealth, HealthState, Kind
 
 _NEVER = -math.inf
+MIN_EVENT_HOLD_S = 1.0
 
 
 @dataclass
@@ -32,6 +34,7 @@ class _Held:
     condition: Condition
     source: str
     active: bool
+    event: bool
     first_seen: float
     last_seen: float  # last time asserted (levels) or the event time (events)
 
@@ -77,7 +80,7 @@ class Tracker:
             key = (source, condition.kind, condition.value)
             old = held.get(key)
             first = old.first_seen if old is not None and self._in_force(old, now) else now
-            held[key] = _Held(condition, source, False, first, now)
+            held[key] = _Held(condition, source, False, True, first, now)
             hit.append(name)
         return hit
 
@@ -97,14 +100,18 @@ class Tracker:
                 if old is not None and (old.active or self._in_force(old, now)):
                     old.condition, old.active, old.last_seen = cond, True, now
                     continue
-                held[key] = _Held(cond, source, True, now, now)
+                held[key] = _Held(cond, source, True, False, now, now)
                 raised.append((name, cond))
         return raised
 
     # -- evaluation ------------------------------------------------------------------------
 
     def _quiet(self, held: _Held) -> float:
-        return 0.0 if held.condition.kind is Kind.UNMONITORED else self.quiet_period_s
+        if held.condition.kind is Kind.UNMONITORED:
+            return 0.0  # nothing to wait out: monitoring works again or it does not
+        if held.event:
+            return max(self.quiet_period_s, MIN_EVENT_HOLD_S)
+        return self.quiet_period_s
 
     def _in_force(self, held: _Held, now: float) -> bool:
         return held.active or now - held.last_seen < self._quiet(held)

@@ -67,6 +67,8 @@ def test_stop_ends_every_thread_and_closes_event_sources(
     m.stop()
     assert health_threads() == []
     assert events.closed
+    with pytest.raises(RuntimeError, match="stopped"):
+        m.start(h100.provider())
 
 
 def test_udev_event_wakes_the_link_poll(h100: Node, monitors: list[HealthMonitor]) -> None:

@@ -149,3 +149,14 @@ def test_expired_conditions_are_forgotten() -> None:
     t.evaluate(200.0)
     assert t.desired("gpu-0", 200.0).conditions == ()
     assert t._held["gpu-0"] == {}
+
+
+def test_with_no_quiet_period_an_event_still_holds_for_one_publish() -> None:
+    t = tracker(quiet=0)
+    t.event(["gpu-0"], "gpu", XID79, 1.0)
+    t.evaluate(1.0)
+    assert state(t, "gpu-0") is HealthState.UNHEALTHY
+    t.evaluate(1.9)
+    assert state(t, "gpu-0") is HealthState.UNHEALTHY
+    t.evaluate(2.0)
+    assert state(t, "gpu-0") is HealthState.HEALTHY
