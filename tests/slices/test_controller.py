@@ -204,6 +204,31 @@ def test_lost_server_state_is_republished_after_410(srv: FakeAPIServer, harness:
     assert [r.verb for r in srv.requests].count("list") >= 1
 
 
+def test_watch_expiry_relists_without_writing(harness: Harness, caplog: Any) -> None:
+    caplog.set_level("INFO", logger="agent.slices")
+    with FakeAPIServer(event_log_size=3, bookmark_interval=0.2) as server:
+        server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        c = harness.start(server, resources(node1=pool_of(4)))
+        assert c.synced(10)
+        server.clear_requests()
+        server.delay(0.5, verb="watch")
+        server.drop_watches()
+        for i in range(6):  # another node's churn rolls the history past our version
+            server.put_object({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": f"other-{i}"},
+                "spec": {"driver": DRIVER, "nodeName": "node2", "devices": [],
+                         "pool": {"name": "node2", "generation": 0, "resourceSliceCount": 1}},
+            })
+        wait_for(lambda: [r.verb for r in server.requests].count("list") == 1, what="a relist")
+        server.delay(0)
+        time.sleep(0.3)
+        assert c.synced(10)
+        assert writes(server) == []
+        assert any(r.getMessage() == "watch expired, listing again" for r in caplog.records)
+        c.stop()
+
+
 def test_v1beta1_only_server_gets_nested_devices(harness: Harness) -> None:
     with FakeAPIServer(served_resource_versions=("v1beta1",)) as server:
         server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
