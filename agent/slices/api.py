@@ -227,7 +227,10 @@ class KubeSliceClient:
         cont = ""
         while True:
             page_query = query + ([("continue", cont)] if cont else [])
-            data = self._json("GET", _collection(version), page_query)
+            try:
+                data = self._json("GET", _collection(version), page_query)
+            except ApiError as err:
+                raise _with_selector(err, field_selector) from err
             requests += 1
             items += [from_wire(o, version) for o in data.get("items") or []]
             meta = data.get("metadata") or {}
@@ -247,7 +250,10 @@ class KubeSliceClient:
         ]
         # The server ends the stream after timeout_s; a read that outlives that by far means
         # the connection is dead without a FIN (network partition).
-        raw = self._send("GET", _collection(version), query, timeout=(5.0, timeout_s + 30.0))
+        try:
+            raw = self._send("GET", _collection(version), query, timeout=(5.0, timeout_s + 30.0))
+        except ApiError as err:
+            raise _with_selector(err, field_selector) from err
         return _HttpWatchStream(raw, version, _collection(version))
 
     def get(self, version: str, name: str) -> dict[str, Any] | None:
@@ -344,6 +350,12 @@ class _HttpWatchStream:
             self._raw.close()
         except Exception:  # the connection is being thrown away anyway
             pass
+
+
+def _with_selector(err: ApiError, field_selector: str) -> ApiError:
+    """The same error, its path naming the selector (which scope failed, for the operator)."""
+    return ApiError(err.verb, f"{err.path}?fieldSelector={field_selector}", err.status,
+                    err.reason, err.message, causes=err.causes)
 
 
 def _error_from(verb: str, path: str, status: int, data: bytes | str) -> ApiError:

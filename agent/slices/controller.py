@@ -88,6 +88,7 @@ class Controller:
         self._pending: dict[str, float] = dict.fromkeys(self._desired, 0.0)
         self._bursts: dict[str, float] = {}  # pool -> first event of a burst being debounced
         self._recovered = False  # set by a watcher when the server answers again
+        self._watch_errors: set[tuple[str, int]] = set()
         self._scopes = Scopes(driver, owner, self._start_watcher)
         self._scopes_dirty = False
         self._threads: list[threading.Thread] = []
@@ -196,6 +197,12 @@ class Controller:
             "selector": scope.field_selector, "error": str(error),
             "retry_in_s": round(retry_in_s, 2),
         })
+        # Outages are expected and retried quietly; a refusal (403 from RBAC or the node
+        # authorizer, 400) needs an operator, so it goes to on_error, once per kind.
+        key = (scope.field_selector, error.status)
+        if not error.transient and key not in self._watch_errors:
+            self._watch_errors.add(key)
+            self._report(error)
 
     def watch_recovered(self, scope: Scope) -> None:
         log.info("watching ResourceSlices again", extra={"selector": scope.field_selector})

@@ -388,3 +388,17 @@ def test_owner_other_than_a_node_needs_a_uid() -> None:
 
     with pytest.raises(ValueError, match="needs a uid"):
         start(None, DRIVER, Owner(kind="ConfigMap", name="x", api_version="v1"), None)
+
+
+def test_a_refused_watch_is_reported_once_and_retried(
+    srv: FakeAPIServer, harness: Harness
+) -> None:
+    from agent.slices import ApiError
+
+    srv.fail_next(3, 403, verb="list")
+    c = harness.start(srv, resources(node1=pool_of(2)))
+    assert c.synced(10)
+    (err,) = harness.errors_of(ApiError)
+    assert err.status == 403 and "fieldSelector=spec.driver=dra-agent.io,spec.nodeName=node1" in (
+        str(err))
+    assert len(our_slices(srv)) == 1
