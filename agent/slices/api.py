@@ -141,6 +141,15 @@ class KubeSliceClient:
     def __init__(
         self, api_client: Any, field_manager: str = "dra-agent", page_size: int = LIST_PAGE_SIZE
     ) -> None:
+        if not hasattr(api_client, "param_serialize"):
+            # Older clients (< 37) have another call_api; fail loudly instead of retrying
+            # an AttributeError forever as if the server were down.
+            import kubernetes
+
+            raise TypeError(
+                "the ResourceSlice controller needs kubernetes (python client) >= 37, "
+                f"found {getattr(kubernetes, '__version__', 'unknown')}"
+            )
         self._client = api_client
         self._field_manager = field_manager
         self._page_size = page_size

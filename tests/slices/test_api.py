@@ -93,3 +93,8 @@ def test_no_server_is_a_transient_error_with_status_0() -> None:
     with pytest.raises(ApiError) as info:
         KubeSliceClient(k8s.ApiClient(configuration)).served_versions()
     assert info.value.status == 0 and info.value.transient
+
+
+def test_an_older_client_is_refused_at_once() -> None:
+    with pytest.raises(TypeError, match=">= 37"):
+        KubeSliceClient(object())
