@@ -9,6 +9,7 @@ carries ``health_check_timeout_seconds`` comfortably above the resend period.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
@@ -52,7 +53,18 @@ class HealthServicer(pb_grpc.DRAResourceHealthServicer):  # type: ignore[misc]
         self.wall_clock = wall_clock
         #: Three missed resends before the kubelet may call a device Unknown.
         self.timeout_s = max(30, int(resend_period_s * 3))
-        self.streams = 0  # open streams, for tests and logs
+        self._lock = threading.Lock()
+        self._streams = 0
+
+    @property
+    def streams(self) -> int:
+        """Streams open now (normally one: the kubelet's)."""
+        with self._lock:
+            return self._streams
+
+    def _opened(self, delta: int) -> None:
+        with self._lock:
+            self._streams += delta
 
     def response(self) -> pb.NodeWatchResourcesResponse:
         """The complete list, as sent on the stream."""
@@ -75,7 +87,7 @@ class HealthServicer(pb_grpc.DRAResourceHealthServicer):  # type: ignore[misc]
         feed = self.monitor.changes
         # A cancelled stream must not keep a server thread asleep for a whole resend period.
         context.add_callback(feed.wake)
-        self.streams += 1
+        self._opened(1)
         log.info("kubelet health stream opened", extra={"pool": self.pool_name})
         try:
             seen = feed.version
@@ -87,5 +99,5 @@ class HealthServicer(pb_grpc.DRAResourceHealthServicer):  # type: ignore[misc]
                 seen = version
                 yield self.response()
         finally:
-            self.streams -= 1
+            self._opened(-1)
             log.info("kubelet health stream closed", extra={"pool": self.pool_name})
