@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from agent.slices.compare import copy_taint_times, devices_equal, specs_equal
@@ -91,7 +91,6 @@ class PoolPlan:
     updates: tuple[Update, ...] = ()
     creates: tuple[Create, ...] = ()
     bumped: bool = False
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def writes(self) -> int:
