@@ -19,6 +19,7 @@ from agent.slices.chunk import chunk_devices
 from agent.slices.controller import Controller, Timing
 from agent.slices.errors import DroppedFieldsError, PublishError, RejectedSliceError, SliceError
 from agent.slices.owner import Owner
+from agent.slices.render import render_slices
 from agent.slices.validate import PoolValidationError, Problem
 from agent.slices.versions import NoResourceAPIError
 from discovery.model import DriverResources
@@ -67,5 +68,6 @@ __all__ = [
     "SliceError",
     "Timing",
     "chunk_devices",
+    "render_slices",
     "start",
 ]

@@ -28,3 +28,16 @@ def test_slices_with_tainted_devices_close_at_64() -> None:
 
 def test_a_smaller_limit_can_be_asked_for() -> None:
     assert [len(s.devices) for s in chunk_devices(devices(10), max_per_slice=4)] == [4, 4, 2]
+
+
+def test_render_shows_what_would_be_created() -> None:
+    from agent.slices import Owner, render_slices
+    from discovery.model import DriverResources
+
+    objs = render_slices(DRIVER, Owner(name="node1"), DriverResources(
+        {"node1": Pool(chunk_devices(devices(200)))}), "v1beta1")
+    assert [o["metadata"]["generateName"] for o in objs] == [
+        "00000-dra-agent.io-node1-", "00001-dra-agent.io-node1-"]
+    assert all(o["apiVersion"] == "resource.k8s.io/v1beta1" for o in objs)
+    assert objs[0]["spec"]["pool"] == {"name": "node1", "generation": 1, "resourceSliceCount": 2}
+    assert "basic" in objs[0]["spec"]["devices"][0]
