@@ -103,6 +103,7 @@ class GpuWatcher:
         self._init_error: str | None = "NVML not initialised yet"
         self._next_tick = 0.0
         self._next_init = 0.0
+        self._unattributed = False  # the last lost-GPU report named no GPU
 
     # -- levels (read by the monitor thread) -------------------------------------------------
 
@@ -322,8 +323,13 @@ class GpuWatcher:
         lost = [u for u, m in self.modes().items()
                 if m is Mode.EVENTS and self._probe(u) is Mode.LOST]
         if not lost:
-            log.warning("NVML event wait reports a lost GPU, but every GPU answers")
+            # Said once per streak: a driver that keeps saying so would flood the log.
+            level = logging.DEBUG if self._unattributed else logging.WARNING
+            log.log(level, "NVML event wait reports a lost GPU, but every GPU answers")
+            self._unattributed = True
             self.stop_event.wait(self.options.gpu_wait_ms / 1000)
+        else:
+            self._unattributed = False
         self._rebuild()
 
     def _handle(self, event: GpuEvent) -> None:
