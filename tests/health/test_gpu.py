@@ -180,3 +180,28 @@ def test_thread_stops_and_shuts_nvml_down(h100: Node) -> None:
     t.join(2)
     assert not t.is_alive()
     assert h100.nvml._refs == 0
+
+
+def test_unattributed_lost_report_taints_nothing_and_events_resume(h100: Node) -> None:
+    from discovery.gpulib import GpuIsLostError
+
+    w, sink, _ = watcher(h100)
+    h100.nvml.fail("event_set_wait", GpuIsLostError("GPU is lost", call="event_set_wait"))
+    w.step()
+    assert set(w.modes().values()) == {Mode.EVENTS}
+    assert w.levels(h100.inventory) == {}
+    h100.nvml.clear_faults()
+    h100.nvml.inject_xid(uuid_of(h100, "gpu-2"), 48)
+    w.step()
+    assert sink.events[-1][0] == ("gpu-2",)
+
+
+def test_failed_event_wait_re_registers(h100: Node) -> None:
+    w, sink, _ = watcher(h100)
+    h100.nvml.fail("event_set_wait", GpuLibraryError("Unknown Error", call="event_set_wait"))
+    w.step()
+    assert sink.counts == {"nvml-error": 1}
+    h100.nvml.clear_faults()
+    h100.nvml.inject_xid(uuid_of(h100, "gpu-4"), 48)
+    w.step()
+    assert sink.events[-1][0] == ("gpu-4",)
