@@ -16,12 +16,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agent.claims import ClaimFetchError, ClaimRef
 from agent.config import Config
+from agent.health.options import HealthOptions
 from agent.metrics import Metrics
 from agent.sdnotify import Notifier
 from discovery.model import Inventory
@@ -52,6 +53,8 @@ class RunOptions:
     #: The same installation as the container runtime sees it (paths written into CDI specs).
     host_driver_root: Path = Path("/")
     boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
+    #: Device health monitoring (taints + the kubelet's health stream); None switches it off.
+    health: HealthOptions | None = field(default_factory=HealthOptions)
 
 
 class NoAPIClaimSource:
@@ -111,6 +114,8 @@ class Daemon:
         self.plugin: Any = None
         self.http: Any = None
         self.health: Any = None
+        #: Where discovery reads the machine (a generated tree with --simulate).
+        self.sources: Any = None
 
     # -- inventory -----------------------------------------------------------------------
 
@@ -188,7 +193,7 @@ class Daemon:
 
         cfg = self.cfg
         self.notifier.status("discovering devices")
-        sources = self._sources()
+        sources = self.sources = self._sources()
         discovery_options = DiscoveryOptions(
             device_types=cfg.device_types, node_addresses=self.options.node_addresses
         )
@@ -226,8 +231,18 @@ class Daemon:
                                        "devices": len(inventory.devices)})
 
     def _start_health(self, sources: Any) -> Any:
-        """Device health monitoring (wired in once agent.health lands)."""
-        return None
+        from agent.health import HealthMonitor
+
+        if self.options.health is None:
+            log.info("device health monitoring off")
+            return None
+        monitor = HealthMonitor(
+            sources, self.cfg.driver_name, self.options.health, self._health_changed,
+            metrics=self.metrics, stop_event=self.stop_event,
+        )
+        self._cleanups.append(monitor.stop)
+        monitor.start(lambda: self.inventory)
+        return monitor
 
     def _health_changed(self, _health: Mapping[str, Any]) -> None:
         self._publish(self.inventory)
@@ -239,6 +254,10 @@ class Daemon:
 
         cfg = self.cfg
         health_servicer = None
+        if self.health is not None:
+            from agent.health import HealthServicer
+
+            health_servicer = HealthServicer(self.health, cfg.node_name)
         edits = EditsProvider(
             driver_root=self.options.driver_root, host_driver_root=self.options.host_driver_root,
             simulated=bool(cfg.simulate),

@@ -9,16 +9,35 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from agent.config import common_options, pop_config
 
+if TYPE_CHECKING:
+    from agent.health import HealthOptions
+
 #: Exit code of a second signal: the conventional 128 + SIGINT.
 FORCED_EXIT = 130
+
+
+def _health_options(kwargs: dict[str, Any]) -> HealthOptions | None:
+    from agent.health import HealthConfigError, HealthOptions, parse_effects, parse_xids
+
+    if not kwargs["health"]:
+        return None
+    try:
+        options = HealthOptions(quiet_period_s=kwargs["health_quiet_period"],
+                                effects=parse_effects(kwargs["health_taint_effects"]))
+        if kwargs["health_ignore_xids"] is not None:
+            options = replace(options, ignored_xids=parse_xids(kwargs["health_ignore_xids"]))
+    except HealthConfigError as err:
+        raise click.UsageError(str(err)) from err
+    return options
 
 
 @click.command()
@@ -45,6 +64,19 @@ FORCED_EXIT = 130
               default="/proc/sys/kernel/random/boot_id", show_default=True,
               envvar="DRA_AGENT_BOOT_ID_FILE", show_envvar=True, hidden=True,
               help="Where the Linux boot ID is read (tests simulate a reboot with it).")
+@click.option("--health/--no-health", default=True, show_default=True,
+              envvar="DRA_AGENT_HEALTH", show_envvar=True,
+              help="Monitor device health: taint faulty devices, serve the kubelet's stream.")
+@click.option("--health-ignore-xids", default=None, envvar="DRA_AGENT_HEALTH_IGNORE_XIDS",
+              show_envvar=True,
+              help="Xids that are not device faults [default: 13,31,43,45,68,109].")
+@click.option("--health-quiet-period", type=float, default=60.0, show_default=True,
+              envvar="DRA_AGENT_HEALTH_QUIET_PERIOD", show_envvar=True,
+              help="Seconds a fault must stay clear before the device is healthy again.")
+@click.option("--health-taint-effects", default="", envvar="DRA_AGENT_HEALTH_TAINT_EFFECTS",
+              show_envvar=True,
+              help="KIND=EFFECT overrides, e.g. xid=NoExecute,unmonitored=off "
+                   "(kinds: xid, ecc, gpu-lost, link-down, unmonitored).")
 @click.option("--node-address", "node_addresses", multiple=True,
               envvar="DRA_AGENT_NODE_ADDRESS", show_envvar=True,
               help="A node address whose NIC is never offered (repeatable).")
@@ -55,6 +87,7 @@ def command(**kwargs: Any) -> None:
     from agent.logs import setup_logging
 
     cfg = pop_config(kwargs)
+    health = _health_options(kwargs)
     rolling_update: bool = kwargs["rolling_update"]
     pod_uid: str | None = kwargs["pod_uid"]
     # A daemon logs its events by default; -v adds debug.
@@ -66,7 +99,7 @@ def command(**kwargs: Any) -> None:
         shutdown_grace_s=kwargs["shutdown_grace_s"], slow_rescan_s=kwargs["slow_rescan_s"],
         node_addresses=kwargs["node_addresses"], driver_root=Path(kwargs["driver_root"]),
         host_driver_root=Path(kwargs["host_driver_root"]),
-        boot_id_path=Path(kwargs["boot_id_file"]),
+        boot_id_path=Path(kwargs["boot_id_file"]), health=health,
     ))
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
