@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.slices.quantity import is_quantity
+from agent.quantity import is_quantity
 from discovery.model import Pool
 
 MAX_DEVICES = 128

@@ -4,6 +4,7 @@ from fractions import Fraction
 
 import pytest
 
+from agent.quantity import QuantityError, parse_quantity
 from agent.slices.compare import (
     copy_taint_times,
     devices_equal,
@@ -11,7 +12,6 @@ from agent.slices.compare import (
     likely_gates,
     specs_equal,
 )
-from agent.slices.quantity import QuantityError, parse_quantity
 from tests.slices.helpers import device
 
 
