@@ -19,42 +19,23 @@ from agent.config import Config, common_options, pop_config
 if TYPE_CHECKING:
     from discovery.model import DriverResources, Inventory
 
-API_VERSION = "resource.k8s.io/v1"
 
 
 def slice_objects(
     resources: DriverResources, driver: str, node_name: str
 ) -> list[dict[str, Any]]:
-    """ResourceSlice dicts as the controller would create them for a node-local pool.
+    """ResourceSlice dicts exactly as the slice controller would create them for this node.
 
-    Names come from the slice controller's own naming (``<index>-<driver>-<node>-``, as the
-    1.36 upstream controller); the API server appends the random suffix, so no ``name``
-    exists yet. The Node owner reference is left out: its UID needs the API server.
+    The API server appends the random suffix to ``generateName``, so no ``name`` exists yet;
+    the Node owner reference is left out because its UID needs the API server.
     """
-    from agent.slices.naming import generate_name, index_width
+    from agent.slices import Owner
+    from agent.slices.render import render_slices
 
-    out: list[dict[str, Any]] = []
-    for pool_name, pool in sorted(resources.pools.items()):
-        count = len(pool.slices)
-        width = index_width(count)
-        for index, piece in enumerate(pool.slices):
-            spec: dict[str, Any] = {
-                "driver": driver,
-                "pool": {
-                    "name": pool_name,
-                    "generation": pool.generation,
-                    "resourceSliceCount": count,
-                },
-                "nodeName": node_name,
-                "devices": [dict(d) for d in piece.devices],
-            }
-            out.append({
-                "apiVersion": API_VERSION,
-                "kind": "ResourceSlice",
-                "metadata": {"generateName": generate_name(index, width, driver, node_name)},
-                "spec": spec,
-            })
-    return out
+    objects = render_slices(driver, Owner(name=node_name), resources)
+    for obj in objects:
+        obj["metadata"].pop("ownerReferences", None)
+    return objects
 
 
 def run_discovery(cfg: Config, workdir: Path | None = None) -> Inventory:
