@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from discovery.model import DriverResources, Inventory
 
 
-
 def slice_objects(
     resources: DriverResources, driver: str, node_name: str
 ) -> list[dict[str, Any]]:
