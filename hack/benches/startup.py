@@ -132,7 +132,8 @@ def _package(filename: str) -> str:
         return "/".join(rel.parts[:2]) if len(rel.parts) > 2 else str(rel)
     except ValueError:
         pass
-    return f"stdlib {path.stem}" if "python3" in filename else filename
+    module = path.parent.name if path.stem == "__init__" else path.stem
+    return f"stdlib {module}" if "python3" in filename else filename
 
 
 def python_allocations() -> tuple[list[tuple[str, float]], list[str]]:
