@@ -1,4 +1,4 @@
-"""Build a ``kubernetes`` ApiClient from the agent's Config.
+"""Build the agent's API server client (a ``KubeHTTP``) from its Config.
 
 Resolution order for ``--kubeconfig`` (DESIGN.md, "Command line"):
 
@@ -7,13 +7,16 @@ Resolution order for ``--kubeconfig`` (DESIGN.md, "Command line"):
 * empty: in-cluster (``KUBERNETES_SERVICE_HOST`` plus the ServiceAccount token), else the
   ``KUBECONFIG`` environment variable, else ``~/.kube/config``.
 
-The kubernetes package is imported inside the function: commands that never talk to the API
-server (``discover``, ``cdi generate``) must not pay its import cost.
+Credentials are loaded by ``agent.kubehttp_lean`` (no ``kubernetes`` import: it costs ~30 MiB
+resident); only kubeconfigs that need exec plugins or auth providers go through the official
+``kubernetes.config`` loader. Commands that never talk to the API server (``discover``,
+``cdi generate``) import none of it.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import Config
+from agent.kubehttp import KubeHTTP, as_kubehttp
+
+log = logging.getLogger(__name__)
 
 #: Where the kubelet mounts a pod's ServiceAccount credentials.
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -82,41 +88,57 @@ def api_client(
     env: Mapping[str, str] | None = None,
     service_account_dir: Path = SERVICE_ACCOUNT_DIR,
     home: Path | None = None,
-) -> Any | None:
-    """A ``kubernetes.client.ApiClient`` for ``config`` (a Config or a --kubeconfig value).
+) -> KubeHTTP | None:
+    """A ``KubeHTTP`` for ``config`` (a Config or a --kubeconfig value).
 
     Returns ``None`` for ``none``. Raises ``KubeConfigError`` naming the source when the
-    credentials cannot be loaded, so the operator knows which file or mount to fix.
+    credentials cannot be loaded, so the operator knows which file or mount to fix. The lean
+    loader (no ``kubernetes`` import) is used whenever it can; a kubeconfig that needs exec
+    plugins or auth providers is loaded by the official ``kubernetes.config`` instead.
     """
+    from agent.kubehttp_lean import (
+        CredentialsError,
+        NeedsOfficialLoaderError,
+        lean_client,
+        load_in_cluster,
+        load_kubeconfig,
+    )
+
     value = config.kubeconfig if isinstance(config, Config) else config
-    source = resolve_source(value, env, service_account_dir, home)
+    environ = os.environ if env is None else env
+    source = resolve_source(value, environ, service_account_dir, home)
     if source.kind == "none":
         return None
+    try:
+        if source.kind == "in-cluster":
+            return lean_client(load_in_cluster(environ, service_account_dir))
+        assert source.path is not None
+        if not source.path.is_file():
+            raise KubeConfigError(source.describe(), "file not found")
+        try:
+            return lean_client(load_kubeconfig(source.path))
+        except NeedsOfficialLoaderError as err:
+            log.info("kubeconfig needs the official loader", extra={"why": err.cause})
+            return _official_client(source)
+    except KubeConfigError:
+        raise
+    except (CredentialsError, OSError, ValueError) as err:
+        cause = err.cause if isinstance(err, CredentialsError) else str(err)
+        raise KubeConfigError(source.describe(), cause) from err
 
+
+def _official_client(source: ClientSource) -> KubeHTTP:
+    """The kubeconfig at ``source`` loaded by ``kubernetes.config`` (exec, auth-provider)."""
     # Typed as Any: the client's own annotations are partial and not worth mirroring.
     k8s_client: Any = importlib.import_module("kubernetes.client")
     k8s_config: Any = importlib.import_module("kubernetes.config")
 
     configuration = k8s_client.Configuration()
     try:
-        if source.kind == "in-cluster":
-            loader = k8s_config.incluster_config.InClusterConfigLoader(
-                token_filename=str(service_account_dir / "token"),
-                cert_filename=str(service_account_dir / "ca.crt"),
-                environ=dict(os.environ if env is None else env),
-            )
-            loader.load_and_set(configuration)
-        else:
-            assert source.path is not None
-            if not source.path.is_file():
-                raise KubeConfigError(source.describe(), "file not found")
-            k8s_config.load_kube_config(
-                config_file=str(source.path),
-                client_configuration=configuration,
-                persist_config=False,
-            )
-    except KubeConfigError:
-        raise
+        k8s_config.load_kube_config(
+            config_file=str(source.path), client_configuration=configuration,
+            persist_config=False,
+        )  # fmt: skip
     except (k8s_config.ConfigException, OSError, ValueError) as err:
         raise KubeConfigError(source.describe(), str(err)) from err
-    return k8s_client.ApiClient(configuration)
+    return as_kubehttp(k8s_client.ApiClient(configuration))

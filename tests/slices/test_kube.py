@@ -39,15 +39,16 @@ def test_explicit_path_wins(tmp_path: Path, sa_dir: Path) -> None:
     env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
     assert resolve_source(str(path), env, sa_dir).path == path
     client = api_client(str(path), env, sa_dir)
-    assert client.configuration.host == "https://10.0.0.1:6443"
+    assert client is not None and client.server == "https://10.0.0.1:6443"
+    assert client.backend.auth_headers() == {"Authorization": "Bearer secret-token"}
 
 
 def test_in_cluster_when_the_service_host_and_token_exist(sa_dir: Path) -> None:
     env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
     assert resolve_source("", env, sa_dir).kind == "in-cluster"
     client = api_client("", env, sa_dir)
-    assert client.configuration.host == "https://10.96.0.1:443"
-    assert client.configuration.api_key["BearerToken"].lower() == "bearer pod-token"
+    assert client is not None and client.server == "https://10.96.0.1:443"
+    assert client.backend.auth_headers() == {"Authorization": "Bearer pod-token"}
 
 
 def test_kubeconfig_env_then_home(tmp_path: Path) -> None:
