@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.kubehttp import KubeAPIError, as_kubehttp, parse_status
 from agent.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ def up_to_date(claim: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -
 
 
 class ClaimStatusWriter:
-    """Writes ``status.devices`` for NICs through a ``kubernetes.client.ApiClient``."""
+    """Writes ``status.devices`` for NICs through a ``KubeHTTP`` (or an official ApiClient)."""
 
     def __init__(
         self,
@@ -161,7 +162,7 @@ class ClaimStatusWriter:
         timeout_s: float = 5.0,
         now: Callable[[], str] = _rfc3339_now,
     ) -> None:
-        self._api = api_client
+        self._http = as_kubehttp(api_client)
         self.driver = driver
         self.node_name = node_name
         self.metrics = metrics or Metrics()
@@ -266,20 +267,15 @@ class ClaimStatusWriter:
 
     def _patch(self, path: str, body: Mapping[str, Any], label: str) -> tuple[int, str, bytes]:
         query = [("fieldManager", self.field_manager), ("force", "true")]
-        headers = {"Accept": "application/json", "Content-Type": "application/apply-patch+yaml"}
         try:
-            method, url, header_params, _, _ = self._api.param_serialize(
-                "PATCH", path, query_params=query, header_params=headers,
-                auth_settings=["BearerToken"],
-            )
-            # JSON is YAML; sent as bytes so the client passes it through untouched.
-            resp = self._api.call_api(
-                method, url, header_params=header_params, body=json.dumps(body).encode(),
-                _request_timeout=self.timeout_s,
-            )
-            return int(resp.status), str(resp.reason), resp.read() or b""
-        except Exception as err:  # connection refused, timeouts: no HTTP answer
-            raise ClaimStatusError(label, 0, f"{type(err).__name__}: {err}") from err
+            # JSON is YAML: the apply body is our JSON, sent as is.
+            resp = self._http.request(
+                "PATCH", path, query=query, body=json.dumps(body).encode(),
+                content_type="application/apply-patch+yaml", timeout=self.timeout_s,
+            )  # fmt: skip
+        except KubeAPIError as err:  # connection refused, timeouts: no HTTP answer
+            raise ClaimStatusError(label, 0, f"{err.reason}: {err.message}") from err
+        return resp.status, resp.reason, resp.body
 
     @staticmethod
     def _message(data: bytes) -> str:
@@ -292,9 +288,4 @@ class ClaimStatusWriter:
     @staticmethod
     def _about_claim(data: bytes, name: str) -> bool:
         """A 404 naming the claim means "no such claim"; any other 404 means "no such API"."""
-        try:
-            status = json.loads(data or b"{}")
-        except ValueError:
-            return False
-        details = (status.get("details") or {}) if isinstance(status, dict) else {}
-        return bool(details.get("name") == name and details.get("kind") == "resourceclaims")
+        return parse_status("PATCH", "", 404, data).about("resourceclaims", name)

@@ -10,6 +10,7 @@ from typing import Any
 
 from agent.config import Config
 from agent.explain.docs import InputError
+from agent.kubehttp import KubeAPIError, KubeHTTP
 
 API = "/apis/resource.k8s.io/v1"
 
@@ -43,26 +44,20 @@ class Cluster:
             raise InputError("--kubeconfig", str(err)) from err
         if api is None:
             raise InputError("--slices from-cluster", "needs an API server (--kubeconfig is none)")
-        self._api: Any = api
+        self._api: KubeHTTP = api
         self._node = cfg.node_name
 
     def _list(self, path: str, field_selector: str | None = None) -> list[dict[str, Any]]:
         """A raw JSON list (plain dicts: the typed models drop fields they do not know)."""
         query = [("fieldSelector", field_selector)] if field_selector else []
         try:
-            method, url, headers, body, post = self._api.param_serialize(
-                "GET", path, query_params=query, header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"])
-            response = self._api.call_api(method, url, header_params=headers, body=body,
-                                          post_params=post, _request_timeout=30)
-            raw = response.response
-            status, payload = response.status, raw.data
-        except Exception as err:  # urllib3/socket errors: report, don't trace
-            raise InputError(path, f"cannot list: {err}") from err
-        if not 200 <= status < 300:
-            raise InputError(path, f"cannot list: HTTP {status}: {payload[:200]!r}")
+            response = self._api.request("GET", path, query=query, timeout=30.0)
+        except KubeAPIError as err:  # no HTTP answer: report, don't trace
+            raise InputError(path, f"cannot list: {err.reason}: {err.message}") from err
+        if not response.ok:
+            raise InputError(path, f"cannot list: HTTP {response.status}: {response.body[:200]!r}")
         try:
-            data = json.loads(payload)
+            data = json.loads(response.body)
         except ValueError as err:
             raise InputError(path, f"cannot list: the answer is not JSON ({err})") from err
         items = data.get("items") if isinstance(data, dict) else None

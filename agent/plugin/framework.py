@@ -36,6 +36,7 @@ from agent.claims import (
 )
 from agent.claimstatus import CLAIM_API_VERSIONS, ClaimStatusWriter, NicStatus
 from agent.failpoints import Failpoints, Point, hit
+from agent.kubehttp import KubeAPIError, as_kubehttp
 from agent.metrics import Metrics
 from agent.prepare.state import DevicePreparer
 
@@ -66,7 +67,7 @@ class ClaimStatusReporter(Protocol):
 
 
 class APIClaimSource:
-    """GET of one ResourceClaim through a ``kubernetes.client.ApiClient``, as a plain dict.
+    """GET of one ResourceClaim through a ``KubeHTTP`` (or an official ApiClient), as a dict.
 
     The first API version the server serves is remembered; a 404 that is not about the claim
     itself (the version is not served) moves on to the next version.
@@ -78,8 +79,8 @@ class APIClaimSource:
         versions: Sequence[str] = CLAIM_API_VERSIONS,
         timeout_s: float = 10.0,
     ) -> None:
-        self.api_client = api_client
-        self._api = api_client
+        self.api_client = as_kubehttp(api_client)
+        self._http = self.api_client
         #: Well under the kubelet's 45 s call deadline, so the claim still gets its own answer.
         self.timeout_s = timeout_s
         self._versions = list(versions)
@@ -92,22 +93,18 @@ class APIClaimSource:
                 f"/resourceclaims/{ref.name}"
             )
             try:
-                method, url, headers, _, _ = self._api.param_serialize(
-                    "GET", path, header_params={"Accept": "application/json"},
-                    auth_settings=["BearerToken"],
-                )
-                resp = self._api.call_api(
-                    method, url, header_params=headers, _request_timeout=self.timeout_s
-                )
-                body = resp.read()
-            except Exception as err:  # connection refused, timeouts
-                raise ClaimFetchError(str(ref), f"GET from the API server failed: {err}") from err
+                resp = self._http.request("GET", path, timeout=self.timeout_s)
+            except KubeAPIError as err:  # connection refused, timeouts
+                raise ClaimFetchError(
+                    str(ref), f"GET from the API server failed: {err.message}"
+                ) from err
             if resp.status == 200:
                 try:
-                    return dict(json.loads(body))
-                except ValueError as err:
+                    return dict(json.loads(resp.body))
+                except (ValueError, TypeError) as err:
                     raise ClaimFetchError(str(ref), f"the API server sent bad JSON: {err}") from err
-            if resp.status == 404 and self._about_claim(body, ref):
+            error = resp.error()
+            if resp.status == 404 and error.about("resourceclaims", ref.name):
                 raise ClaimNotFoundError(str(ref), "not found in the API server (deleted?)")
             if resp.status == 404 and len(self._versions) > 1:
                 with self._lock:
@@ -118,16 +115,6 @@ class APIClaimSource:
                 str(ref), f"GET from the API server failed: {resp.status} {resp.reason}"
             )
         raise ClaimFetchError(str(ref), "the API server serves no resource.k8s.io version")
-
-    @staticmethod
-    def _about_claim(body: bytes, ref: ClaimRef) -> bool:
-        """A 404 naming the claim means "no such claim"; any other 404 means "no such API"."""
-        try:
-            status = json.loads(body or b"{}")
-        except ValueError:
-            return False
-        details = status.get("details") or {} if isinstance(status, dict) else {}
-        return bool(details.get("name") == ref.name and details.get("kind") == "resourceclaims")
 
 
 @dataclass(frozen=True, slots=True)
