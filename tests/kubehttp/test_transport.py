@@ -65,7 +65,7 @@ def test_watch_events_arrive_and_close_unblocks_the_reader(http: KubeHTTP) -> No
     def read() -> None:
         try:
             seen.extend(event.type for event in stream)
-        except BaseException as err:  # noqa: BLE001 (reported to the test thread)
+        except BaseException as err:  # reported to the test thread
             errors.append(err)
 
     reader = threading.Thread(target=read)

@@ -1,0 +1,50 @@
+"""Kubeconfigs the lean loader does not handle go through the official loader."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.kube import KubeConfigError, api_client
+from tests.kubehttp.conftest import EchoServer, kubeconfig
+
+CREDENTIAL = {
+    "apiVersion": "client.authentication.k8s.io/v1beta1",
+    "kind": "ExecCredential",
+    "status": {"token": "exec-token"},
+}
+
+
+def _plugin(tmp_path: Path, output: str) -> Path:
+    script = tmp_path / "credential-plugin"
+    script.write_text(f"#!{sys.executable}\nprint({output!r})\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def test_an_exec_plugin_kubeconfig_uses_the_official_loader(
+    tmp_path: Path, echo: EchoServer
+) -> None:
+    plugin = _plugin(tmp_path, json.dumps(CREDENTIAL))
+    user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
+                     "command": str(plugin), "interactiveMode": "Never"}}
+    http = api_client(str(kubeconfig(tmp_path / "kc", {"server": echo.url()}, user)))
+    assert http is not None and type(http.backend).__name__ == "OfficialBackend"
+    assert http.request("GET", "/api", query={"a": "1"}).ok
+    assert echo.seen[-1].path == "/api?a=1"
+    assert echo.last_auth() == "Bearer exec-token"
+
+
+def test_an_official_loader_failure_names_the_kubeconfig(tmp_path: Path) -> None:
+    plugin = _plugin(tmp_path, json.dumps(CREDENTIAL))
+    user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
+                     "command": str(plugin), "interactiveMode": "Never"}}
+    cluster = {"server": "https://10.0.0.1:6443", "certificate-authority": "/nonexistent/ca"}
+    path = kubeconfig(tmp_path / "kc", cluster, user)
+    with pytest.raises(KubeConfigError, match="/nonexistent/ca") as info:
+        api_client(str(path))
+    assert info.value.source == f"kubeconfig {path}"
