@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import os
 import tempfile
 import threading
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.kubehttp import KubeHTTP
+
+log = logging.getLogger(__name__)
 
 #: How long a token or certificate file read is trusted before looking again.
 RECHECK_S = 60.0
@@ -299,8 +302,14 @@ class LeanBackend:
                 stamp = self._stamp()
                 if stamp != self._cert_stamp and -1.0 not in stamp:
                     # Renewed certificate: new connections present it; old ones drain.
-                    self.pool = self._build_pool()
-                    self._cert_stamp = stamp
+                    try:
+                        self.pool = self._build_pool()
+                        self._cert_stamp = stamp
+                    except CredentialsError as err:
+                        # Caught between writing the certificate and its key: the old pair
+                        # is still valid for a while, look again at the next check.
+                        log.warning("renewed client certificate not loaded yet",
+                                    extra={"source": self.creds.source, "error": err.cause})
             return self.pool
 
     def auth_headers(self) -> dict[str, str]:

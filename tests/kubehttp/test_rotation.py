@@ -93,3 +93,20 @@ def test_a_renewed_client_certificate_is_presented(
     assert backend.pool is not first_pool
     assert [s.client_cn for s in tls_echo.seen] == ["system:node:node-a"] * 2 + [
         "system:node:node-b"]
+
+
+def test_a_half_written_certificate_keeps_the_old_one_in_use(
+    tmp_path: Path, pki: Pki, tls_echo: EchoServer
+) -> None:
+    pem = tmp_path / "client.pem"
+    cert_a, key_a = pki.client("node-a")
+    _, key_b = pki.client("node-b")
+    pem.write_bytes(cert_a.read_bytes() + key_a.read_bytes())
+    clock = FakeClock()
+    backend = LeanBackend(Credentials(tls_echo.url(), ca_file=str(pki.ca), cert_file=str(pem),
+                                      key_file=str(pem)), clock)
+    pem.write_bytes(cert_a.read_bytes() + key_b.read_bytes())  # key of another certificate
+    os.utime(pem, (os.stat(pem).st_atime, os.stat(pem).st_mtime + 10))
+    clock.now += RECHECK_S
+    assert KubeHTTP(backend).request("GET", "/a").ok
+    assert tls_echo.seen[-1].client_cn == "system:node:node-a"
