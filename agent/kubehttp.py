@@ -7,10 +7,10 @@ resident memory for nothing the agent uses. ``KubeHTTP`` therefore speaks HTTP i
 
 * the lean backend (``agent.kubehttp_lean``): our own kubeconfig / in-cluster loading, no
   import of ``kubernetes`` at all. ``agent.kube.api_client`` uses it whenever it can.
-* the official backend (here): an existing ``kubernetes.client.ApiClient`` supplies host, auth
-  headers (its refresh hooks run on every request, so exec-plugin tokens stay fresh) and its
-  urllib3 pool (TLS, proxy). Tests pass such clients, and kubeconfigs that need exec plugins or
-  auth providers are loaded that way.
+* the official backend (``agent.kubehttp_official``): an existing
+  ``kubernetes.client.ApiClient`` supplies host, auth headers (its refresh hooks run on every
+  request, so exec-plugin tokens stay fresh) and its urllib3 pool (TLS, proxy). Tests pass such
+  clients, and kubeconfigs that need exec plugins or auth providers are loaded that way.
 
 ``request`` answers every HTTP status with a ``Response``; only a request that got no HTTP
 answer at all raises (``KubeAPIError`` with status 0). ``Response.raise_for_status`` turns a
@@ -359,42 +359,6 @@ def _timeout(timeout: Timeout) -> Any:
     return urllib3.Timeout(total=timeout)
 
 
-class OfficialBackend:
-    """Requests through a ``kubernetes.client.ApiClient``: its host, auth and urllib3 pool.
-
-    ``param_serialize`` builds the URL and the auth headers (running the configuration's token
-    refresh hook); the request goes straight to the client's pool so the body is sent as our
-    bytes (its REST layer would json-encode bytes again for JSON content types).
-    """
-
-    def __init__(self, api_client: Any) -> None:
-        self.api_client = api_client
-
-    @property
-    def server(self) -> str:
-        return str(self.api_client.configuration.host)
-
-    def send(
-        self,
-        method: str,
-        path_and_query: str,
-        headers: dict[str, str],
-        body: bytes | None,
-        timeout: Any,
-    ) -> Any:
-        _, url, header_params, _, _ = self.api_client.param_serialize(
-            method, path_and_query, header_params=dict(headers), auth_settings=["BearerToken"]
-        )
-        pool = self.api_client.rest_client.pool_manager
-        return pool.request(
-            method, url, body=body, headers=header_params, timeout=timeout,
-            preload_content=False, redirect=False,
-        )  # fmt: skip
-
-    def close(self) -> None:
-        self.api_client.close()
-
-
 def as_kubehttp(client: Any) -> KubeHTTP:
     """``client`` as a KubeHTTP: a KubeHTTP as is, a ``kubernetes.client.ApiClient`` wrapped."""
     if isinstance(client, KubeHTTP):
@@ -413,4 +377,6 @@ def as_kubehttp(client: Any) -> KubeHTTP:
             "the agent needs a KubeHTTP or a kubernetes (python client) >= 37 ApiClient, "
             f"got {type(client).__name__} (kubernetes {version})"
         )
+    from agent.kubehttp_official import OfficialBackend
+
     return KubeHTTP(OfficialBackend(client))
