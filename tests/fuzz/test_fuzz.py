@@ -228,3 +228,22 @@ def test_unprepare_of_a_claim_never_prepared_succeeds_whatever_its_uid(
     for uid in ("a" * 300, "x\x00y"):
         answer = fuzz_node.unprepare([("default", "never", uid)]).claims[uid]
         assert not answer.error, answer.error
+
+
+@pytest.mark.xfail(strict=True, reason="parse_claim calls .get on a non-object status.allocation")
+def test_allocation_that_is_not_an_object_is_a_claim_error(fuzz_node: FuzzNode) -> None:
+    uid = str(uuid.uuid4())
+    fuzz_node.claims.claims = {("default", "odd"): {
+        "metadata": {"namespace": "default", "name": "odd", "uid": uid},
+        "status": {"allocation": ["not", "an", "object"]},
+    }}
+    answer = fuzz_node.prepare([("default", "odd", uid)]).claims[uid]
+    assert "status.allocation" in answer.error and "internal error" not in answer.error
+
+
+@pytest.mark.xfail(strict=True, reason="claim UIDs are not checked; bad ones fail deep in CDI")
+def test_a_uid_no_cdi_name_can_hold_is_refused_up_front(fuzz_node: FuzzNode) -> None:
+    for uid in ("../../etc/passwd", "new\nline", "ünï"):
+        fuzz_node.claims.claims = {("default", "c"): valid_claim("default", "c", uid, "gpu-0")}
+        answer = fuzz_node.prepare([("default", "c", uid)]).claims[uid]
+        assert answer.error and "internal error" not in answer.error, answer.error
