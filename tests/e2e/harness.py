@@ -70,6 +70,13 @@ class NodeDirs:
     """The node's directories. The root must be short: unix socket paths stay under 108 bytes."""
 
     root: Path
+    #: Where this test sees the agent's filesystem, when the agent runs in its own mount
+    #: namespace (``/proc/<pid>/root``); None when both see the same.
+    view: Path | None = None
+
+    def seen(self, path: Path) -> Path:
+        """``path`` as the agent sees it, reachable from the test."""
+        return self.view / path.relative_to("/") if self.view is not None else path
 
     @property
     def kubelet(self) -> Path:
@@ -100,7 +107,8 @@ class NodeDirs:
 
     def cdi_files(self) -> list[str]:
         """Every name in the CDI dir, temp files included (a half-written file shows here)."""
-        return sorted(os.listdir(self.cdi)) if self.cdi.is_dir() else []
+        cdi = self.seen(self.cdi)
+        return sorted(os.listdir(cdi)) if cdi.is_dir() else []
 
     def checkpoint_doc(self) -> dict[str, Any]:
         """The checkpoint as JSON ({} when absent), its checksum verified by the agent's decoder."""
@@ -132,7 +140,11 @@ class NodeDirs:
 
 
 class AgentProcess:
-    """``dra-agent run --simulate dgx-h100`` as a child process, logs in a file."""
+    """``dra-agent run --simulate dgx-h100`` as a child process, logs in a file.
+
+    ``wrap`` is a command prefix the agent runs under (``unshare ... sh -c '...; exec "$@"'``);
+    it must exec the agent, so that ``pid`` is the agent's.
+    """
 
     def __init__(
         self,
@@ -142,6 +154,7 @@ class AgentProcess:
         env: Mapping[str, str] | None = None,
         profile: str = "dgx-h100",
         name: str = "agent",
+        wrap: Sequence[str] = (),
     ) -> None:
         self.dirs = dirs
         self.port = free_port()
@@ -149,7 +162,7 @@ class AgentProcess:
         if not dirs.boot_id.exists():
             dirs.set_boot_id("boot-1")
         self.args = [
-            sys.executable, "-m", "agent.cli", "run", "--simulate", profile,
+            *wrap, sys.executable, "-m", "agent.cli", "run", "--simulate", profile,
             "--node-name", NODE, "--kubeconfig", kubeconfig,
             "--kubelet-dir", str(dirs.kubelet), "--cdi-dir", str(dirs.cdi),
             "--metrics-address", f"127.0.0.1:{self.port}",
@@ -354,7 +367,7 @@ def assert_prepared(dirs: NodeDirs, *claims: Mapping[str, Any]) -> None:
         meta = claim["metadata"]
         uid = meta["uid"]
         want = allocated_devices(claim)
-        spec = json.loads(dirs.spec_path(uid).read_text())
+        spec = json.loads(dirs.seen(dirs.spec_path(uid)).read_text())
         assert spec["kind"] == f"{CDI_VENDOR}/claim"
         assert sorted(d["name"] for d in spec["devices"]) == sorted(f"{uid}-{d}" for d in want)
         rec = records[uid]

@@ -17,6 +17,8 @@ import pytest
 from tests.e2e.conftest import StartAgent
 from tests.e2e.harness import (
     DRIVER,
+    GPU_CLASS,
+    NIC_CLASS,
     Cluster,
     NodeDirs,
     assert_answer,
@@ -84,6 +86,39 @@ def test_read_only_cdi_dir_fails_the_claim_and_leaves_no_trace(
     for claim in (first, second):
         assert kubelet.unprepare(DRIVER, [ref(claim)])[claim["metadata"]["uid"]].ok
     assert_nothing_left(dirs)
+    assert agent.terminate() == 0
+
+
+def test_full_cdi_disk_fails_the_claim_without_a_partial_file(
+    dirs: NodeDirs, cluster: Cluster, start_agent: StartAgent, kubelet: KubeletStandIn
+) -> None:
+    # The agent gets its own mount namespace (a user namespace too, so no privilege is
+    # needed) with a 16 KiB tmpfs on its CDI dir, three pages of it already taken: a spec
+    # bigger than the page left runs out of space half-way through its write.
+    dirs.cdi.mkdir(parents=True)
+    fill = ('mount -t tmpfs -o size=16k dra-e2e-cdi "$0" && head -c 12288 /dev/zero > "$0/.fill"'
+            ' && exec "$@"')
+    agent = start_agent(wrap=["unshare", "-rm", "--", "sh", "-c", fill, str(dirs.cdi)])
+    wait_registered(kubelet)
+    seen = NodeDirs(dirs.root, view=Path(f"/proc/{agent.pid}/root"))
+    assert seen.cdi_files() == [".fill"]
+    requests = [(f"gpu{i}", GPU_CLASS) for i in range(8)] + [(f"nic{i}", NIC_CLASS)
+                                                           for i in range(8)]
+    claim = cluster.allocate(cluster.create_claim("big", requests))
+    uid = claim["metadata"]["uid"]
+
+    failed = kubelet.prepare(DRIVER, [ref(claim)])[uid]
+    assert failed.error and str(dirs.cdi) in failed.error, failed.error
+    assert seen.cdi_files() == [".fill"]  # no partial spec, no temp file
+    assert dirs.records().get(uid, {}).get("state") != "PrepareCompleted"
+
+    # Space is freed; the kubelet's retry succeeds, and the spec did need more than a page.
+    (seen.seen(dirs.cdi) / ".fill").unlink()
+    assert_answer(claim, kubelet.prepare(DRIVER, [ref(claim)])[uid])
+    assert_prepared(seen, claim)
+    assert seen.seen(dirs.spec_path(uid)).stat().st_size > 4096
+    assert kubelet.unprepare(DRIVER, [ref(claim)])[uid].ok
+    assert_nothing_left(seen)
     assert agent.terminate() == 0
 
 
