@@ -14,7 +14,7 @@ import time
 
 from hack.benches import Figure
 
-AREAS = ("discovery", "cdi", "plugin", "slices", "startup", "explain", "health", "ops")
+AREAS = ("discovery", "cdi", "plugin", "slices", "startup", "explain", "health", "ops", "e2e")
 
 
 def machine() -> str:
