@@ -4,7 +4,8 @@ The kubelet watches its plugins_registry directory with inotify and reconciles d
 (sockets present, with a timestamp) against actual state (plugins registered) every second. We
 scan instead of using inotify; a short poll interval gives the same state machine:
 
-- a socket that appears, or is re-created (new inode/ctime), is registered (again);
+- a socket that appears, or is re-created (new inode/mtime), is registered (again); a chmod
+  (ctime only) is not a new socket, as the kubelet reacts to create events only;
 - a socket that disappears or changes is deregistered first;
 - validation failures (wrong type, bad name or endpoint, no known service) are notified to the
   plugin and retried with exponential back-off (0.5 s doubling to 2m2s);
@@ -49,7 +50,7 @@ _FAST_RECONNECT = [
     ("grpc.max_reconnect_backoff_ms", 100),
 ]
 
-Identity = tuple[int, int, int]  # st_dev, st_ino, st_ctime_ns of a socket file
+Identity = tuple[int, int, int]  # st_dev, st_ino, st_mtime_ns of a socket file
 
 
 @dataclass(slots=True)
@@ -268,7 +269,7 @@ class PluginWatcher:
             except FileNotFoundError:
                 continue
             if stat.S_ISSOCK(st.st_mode):
-                found[path] = (st.st_dev, st.st_ino, st.st_ctime_ns)
+                found[path] = (st.st_dev, st.st_ino, st.st_mtime_ns)
         return found
 
     def _reconcile(self, desired: dict[Path, Identity]) -> None:
