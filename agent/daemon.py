@@ -136,12 +136,12 @@ class Daemon:
             self.controller.update(build_resources(published, self.cfg.node_name))
 
     def _record_devices(self, inventory: Inventory) -> None:
+        """dra_agent_devices{type, health}: health is healthy, unhealthy or unmonitored."""
+        states = {n: str(h.state) for n, h in self.health.snapshot().items()} \
+            if self.health is not None else {}
         counts: dict[tuple[str, str], int] = {}
-        unhealthy = {d.name for d in inventory.devices if d.taints}
-        if self.health is not None:
-            unhealthy |= {n for n, h in self.health.snapshot().items() if not h.healthy}
         for device in inventory.devices:
-            key = (str(device.type), "unhealthy" if device.name in unhealthy else "healthy")
+            key = (str(device.type), states.get(device.name, "healthy"))
             counts[key] = counts.get(key, 0) + 1
         self.metrics.devices.clear()
         for (kind, health), n in counts.items():

@@ -78,6 +78,9 @@ def test_xid_taints_the_gpu_and_recovery_clears_it(
     assert taint["key"] == f"{DRIVER}/xid" and taint["effect"] == "NoSchedule"
     assert taint.get("value") == "79"
     assert device_taints(srv, "gpu-2") == []  # only the faulty GPU
+    sample = daemon.metrics.registry.get_sample_value
+    assert sample("dra_agent_devices", {"type": "gpu", "health": "unhealthy"}) == 1
+    assert sample("dra_agent_devices", {"type": "gpu", "health": "healthy"}) == 7
     # The signal stays clear for the quiet period: healthy again, taint removed.
     wait_for(lambda: device_taints(srv, "gpu-3") == [])
 
