@@ -113,6 +113,10 @@ class ClaimRecord:
     #: Rebuilt from a corrupt checkpoint or an adopted CDI spec: its devices count as taken, but
     #: the next prepare redoes the claim from the API object instead of trusting this record.
     recovered: bool = False
+    #: This driver's part of the claim's ``status.allocation.devices`` (results and opaque
+    #: configs, API form) when it was prepared: enough to rewrite a lost CDI spec without the
+    #: API server. None in records written before it was kept.
+    allocation: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -139,6 +143,8 @@ class ClaimRecord:
         )
         if self.recovered:
             out["recovered"] = True
+        if self.allocation is not None:
+            out["allocation"] = dict(self.allocation)
         return out
 
     @classmethod
@@ -146,7 +152,7 @@ class ClaimRecord:
         obj = _mapping(data, f"claim {uid}")
         known = {
             "uid", "namespace", "name", "state", "devices", "cdiAnnotations", "specPath",
-            "bootID", "updated", "recovered",
+            "bootID", "updated", "recovered", "allocation",
         }
         state_text = _str(obj, "state")
         try:
@@ -159,6 +165,9 @@ class ClaimRecord:
         if not isinstance(devices, list):
             raise ValueError(f"claim {uid}: devices must be a list")
         annotations = _mapping(obj.get("cdiAnnotations", {}), f"claim {uid} cdiAnnotations")
+        allocation = obj.get("allocation")
+        if allocation is not None:
+            allocation = _mapping(allocation, f"claim {uid} allocation")
         return cls(
             uid=uid,
             namespace=_str(obj, "namespace"),
@@ -170,6 +179,7 @@ class ClaimRecord:
             boot_id=_opt_str(obj, "bootID") or "",
             updated=_opt_str(obj, "updated") or "",
             recovered=bool(obj.get("recovered", False)),
+            allocation=allocation,
             extra={k: v for k, v in obj.items() if k not in known},
         )
 

@@ -8,6 +8,7 @@ what to fix.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -106,15 +107,52 @@ class Claim:
         ]
 
 
-def parse_claim(obj: Mapping[str, Any], expected: ClaimRef | None = None) -> Claim:
-    """Decode a ResourceClaim dict; with ``expected``, check that it is the claim asked for."""
+#: Longest claim UID accepted. The API server's UIDs are 36-character UUIDs; the bound keeps
+#: ``k8s.<driver>-claim_<uid>.json`` well under the 255-byte file name limit.
+UID_MAX_LEN = 128
+# A claim UID becomes part of a CDI device name (``<uid>-<device>``) and of the spec's file
+# name, so it may hold only what both can: letters, digits and ``_ . : -``, starting and ending
+# with a letter or digit. No ``/``, NUL, newline or non-ASCII can get as far as a path.
+_UID_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?", re.ASCII)
+
+
+def uid_problem(uid: str) -> str | None:
+    """Why ``uid`` cannot be a claim UID on this node, or None when it can."""
+    if not uid:
+        return "the claim UID is empty"
+    if len(uid) > UID_MAX_LEN:
+        return f"the claim UID is {len(uid)} characters long (at most {UID_MAX_LEN})"
+    if not _UID_RE.fullmatch(uid):
+        return (
+            f"the claim UID {uid!r} is not one the API server generates: only letters, digits "
+            "and '_.:-', starting and ending with a letter or digit, fit in a CDI device name"
+        )
+    return None
+
+
+def check_uid(ref: ClaimRef) -> None:
+    """Refuse a claim UID that no CDI name or spec file can hold, before any other work."""
+    problem = uid_problem(ref.uid)
+    if problem is not None:
+        raise ClaimError(str(ref), problem)
+
+
+def parse_claim(obj: Any, expected: ClaimRef | None = None) -> Claim:
+    """Decode a ResourceClaim dict; with ``expected``, check that it is the claim asked for.
+
+    The dict is untrusted (the API server's answer, a test's): a value of the wrong type
+    anywhere is a ``ClaimError`` naming its JSON path, never an AttributeError.
+    """
+    label = str(expected or "?")
+    if not isinstance(obj, Mapping):
+        raise ClaimError(label, f"the API server sent a {type(obj).__name__}, not an object")
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
-        raise ClaimError(str(expected or "?"), "object has no metadata")
+        raise ClaimError(label, "object has no metadata")
     ref = ClaimRef(
-        namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
-        uid=str(meta.get("uid", "")),
+        namespace=_get_str(meta, "namespace", label, "metadata"),
+        name=_get_str(meta, "name", label, "metadata"),
+        uid=_get_str(meta, "uid", label, "metadata"),
     )
     if expected is not None and ref.uid != expected.uid:
         raise ClaimReplacedError(
@@ -123,18 +161,47 @@ def parse_claim(obj: Mapping[str, Any], expected: ClaimRef | None = None) -> Cla
             "the claim was deleted and re-created, so the pod must be re-created too",
         )
     label = str(expected or ref)
-    status = obj.get("status") or {}
-    allocation = status.get("allocation") if isinstance(status, Mapping) else None
+    status = _get_mapping(obj, "status", label, "") or {}
+    allocation = _get_mapping(status, "allocation", label, "status")
     if not allocation:
         return Claim(ref=ref, allocated=False)
     devices = _get_mapping(allocation, "devices", label, "status.allocation") or {}
+    results, configs = parse_devices(devices, label)
+    return Claim(ref=ref, allocated=True, results=results, configs=configs)
+
+
+def parse_devices(
+    devices: Mapping[str, Any], label: str
+) -> tuple[tuple[AllocatedDevice, ...], tuple[OpaqueConfig, ...]]:
+    """``status.allocation.devices``: its results and its opaque configs."""
     results = tuple(
         _parse_result(r, label, i) for i, r in enumerate(_get_list(devices, "results", label))
     )
     configs = tuple(
         _parse_config(c, label, i) for i, c in enumerate(_get_list(devices, "config", label))
     )
-    return Claim(ref=ref, allocated=True, results=results, configs=configs)
+    return results, configs
+
+
+def allocation_json(claim: Claim, driver: str) -> dict[str, Any]:
+    """``driver``'s part of ``status.allocation.devices`` in API form; ``parse_devices`` reads
+    it back. Kept with a prepared claim so a repeated prepare needs no API server."""
+    results: list[dict[str, Any]] = []
+    for r in claim.results_for(driver):
+        item: dict[str, Any] = {
+            "request": r.request, "driver": r.driver, "pool": r.pool, "device": r.device,
+        }
+        if r.admin_access:
+            item["adminAccess"] = True
+        if r.share_id:
+            item["shareID"] = r.share_id
+        results.append(item)
+    configs = [
+        {"source": c.source, "requests": list(c.requests),
+         "opaque": {"driver": c.driver, "parameters": c.parameters}}
+        for c in claim.configs if c.driver == driver
+    ]
+    return {"results": results, "config": configs}
 
 
 def _parse_result(item: Any, label: str, index: int) -> AllocatedDevice:
@@ -173,8 +240,11 @@ def _parse_config(item: Any, label: str, index: int) -> OpaqueConfig:
     requests = item.get("requests") or []
     if not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
         raise ClaimError(label, f"{path}.requests must be a list of request names")
+    source = item.get("source", "FromClaim")
+    if not isinstance(source, str):
+        raise ClaimError(label, f"{path}.source is not a string")
     return OpaqueConfig(
-        source=str(item.get("source", "FromClaim")),
+        source=source,
         requests=tuple(requests),
         driver=driver,
         parameters=opaque.get("parameters"),
@@ -184,7 +254,14 @@ def _parse_config(item: Any, label: str, index: int) -> OpaqueConfig:
 def _get_mapping(obj: Mapping[str, Any], key: str, label: str, where: str) -> Any:
     value = obj.get(key)
     if value is not None and not isinstance(value, Mapping):
-        raise ClaimError(label, f"{where}.{key} is not an object")
+        raise ClaimError(label, f"{where + '.' if where else ''}{key} is not an object")
+    return value
+
+
+def _get_str(obj: Mapping[str, Any], key: str, label: str, where: str) -> str:
+    value = obj.get(key, "")
+    if not isinstance(value, str):
+        raise ClaimError(label, f"{where}.{key} is not a string")
     return value
 
 

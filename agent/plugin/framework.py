@@ -32,6 +32,7 @@ from agent.claims import (
     ClaimNotAllocatedError,
     ClaimNotFoundError,
     ClaimRef,
+    check_uid,
     parse_claim,
 )
 from agent.claimstatus import CLAIM_API_VERSIONS, ClaimStatusWriter, NicStatus
@@ -182,6 +183,9 @@ class PluginFramework:
         if failpoints is not None:
             self.failpoints = failpoints
         self._locks = _KeyedLocks()
+        #: UIDs whose NICs this process knows to be in the claim's status, so a repeat that the
+        #: checkpoint answers reads the claim only when a report is still owed.
+        self._reported: set[str] = set()
         #: Rolling-update mode: two agent instances share the plugin directory and either may
         #: get any call, so every claim operation also holds this cross-process file lock.
         self._serialize_lock = serialize_lock
@@ -230,6 +234,16 @@ class PluginFramework:
         try:
             if not ref.uid or not ref.name or not ref.namespace:
                 raise ClaimError(str(ref), "the kubelet sent an incomplete claim reference")
+            check_uid(ref)
+            # A repeat of a completed prepare is answered from the checkpoint, so an API
+            # server outage does not fail a pod that already has its devices (its NICs were
+            # reported by the first prepare).
+            with self._claim_lock(ref.uid):
+                recorded = self.preparer.prepare_recorded(ref)
+            if recorded is not None:
+                if self.status is not None and ref.uid not in self._reported:
+                    self._report_recorded(ref, recorded)
+                return self._prepared(ref, recorded, request_id, start, "checkpoint")
             # Fetched before taking the claim's lock, as the upstream helper does: a slow API
             # server must not hold up a concurrent unprepare of the same claim.
             obj = self.claims.get(ref)
@@ -241,8 +255,8 @@ class PluginFramework:
                 )
             with self._claim_lock(ref.uid):
                 record = self.preparer.prepare(claim)
-            if self.status is not None:
-                self._report_status(obj, claim)
+            if self.status is not None and self._report_status(obj, claim):
+                self._reported.add(ref.uid)
             hit(self.failpoints, Point.PREPARE_BEFORE_ANSWER, ref.uid)
         except ClaimError as err:
             return self._failed("prepare", ref, err.reason, str(err), request_id)
@@ -253,6 +267,11 @@ class PluginFramework:
             return self._failed(
                 "prepare", ref, "internal", f"claim {ref}: internal error: {err}", request_id
             )
+        return self._prepared(ref, record, request_id, start, "api")
+
+    def _prepared(
+        self, ref: ClaimRef, record: ClaimRecord, request_id: int, start: float, source: str
+    ) -> ClaimOutcome:
         log.info(
             "claim prepared",
             extra={
@@ -262,6 +281,7 @@ class PluginFramework:
                 "claim_name": ref.name,
                 "pool": self.preparer.pool,
                 "devices": ",".join(d.device for d in record.devices),
+                "source": source,
                 "seconds": round(time.perf_counter() - start, 4),
             },
         )
@@ -269,10 +289,11 @@ class PluginFramework:
 
     def _unprepare_one(self, ref: ClaimRef, request_id: int) -> ClaimOutcome:
         try:
-            if not ref.uid:
-                raise ClaimError(str(ref), "the kubelet sent a claim reference without a UID")
+            # No check of the UID here: whatever it is, the preparer succeeds when it never
+            # prepared it, and the kubelet keeps a pod terminating until unprepare succeeds.
             with self._claim_lock(ref.uid):
                 self.preparer.unprepare(ref.uid)
+            self._reported.discard(ref.uid)
             hit(self.failpoints, Point.UNPREPARE_BEFORE_ANSWER, ref.uid)
         except ClaimError as err:
             return self._failed("unprepare", ref, err.reason, str(err), request_id)
@@ -285,16 +306,39 @@ class PluginFramework:
         )
         return ClaimOutcome()
 
-    def _report_status(self, obj: Mapping[str, Any], claim: Claim) -> None:
-        """Best effort, outside the claim lock: the claim is prepared whatever happens here."""
+    def _report_status(self, obj: Mapping[str, Any], claim: Claim) -> bool:
+        """Best effort, outside the claim lock: the claim is prepared whatever happens here.
+        True when the claim's status holds its NICs (or it has none)."""
         assert self.status is not None
         try:
             nics = self.preparer.network_status(claim)
-            if nics:
-                self.status.report(obj, nics)
+            return self.status.report(obj, nics) if nics else True
         except Exception:  # prepare just succeeded with the same inputs: a bug, not the claim's
             log.exception("reporting the claim's NICs failed", extra={"claim": claim.ref.uid})
             self.metrics.claim_status_errors.inc()
+            return False
+
+    def _report_recorded(self, ref: ClaimRef, record: ClaimRecord) -> None:
+        """A repeat answered from the checkpoint whose NICs may not be in the claim's status
+        yet (the first report failed, or this process has not seen the claim): report them,
+        reading the claim only when it has NICs. Never fails the prepare."""
+        claim = self.preparer.recorded_claim(ref, record)
+        try:
+            if claim is not None and not self.preparer.network_status(claim):
+                self._reported.add(ref.uid)
+                return
+            obj = self.claims.get(ref)
+            current = parse_claim(obj, expected=ref)
+        except ClaimError as err:
+            log.info("claim status not reported: cannot read the claim",
+                     extra={"claim": ref.uid, "error": str(err)})
+            return
+        except Exception:  # a bug, not the claim's: the answer stands
+            log.exception("reporting the claim's NICs failed", extra={"claim": ref.uid})
+            self.metrics.claim_status_errors.inc()
+            return
+        if self._report_status(obj, claim or current):
+            self._reported.add(ref.uid)
 
     def _failed(
         self, op: str, ref: ClaimRef, reason: str, message: str, request_id: int

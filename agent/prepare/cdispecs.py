@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from agent.claims import ClaimRef
+from agent.claims import ClaimRef, uid_problem
 from agent.prepare.devices import SpecDevice
 from cdi.annotations import annotations_for
 from cdi.errors import CDIWriteError
@@ -30,7 +29,6 @@ from cdi.spec import CDIDevice, ContainerEdits, Spec
 from discovery.model import Device
 
 CLASS = "claim"
-_UID = re.compile(r"^[0-9a-fA-F-]{36}$")
 
 
 class DeviceEdits(Protocol):
@@ -118,7 +116,8 @@ class CDIClaimSpecs:
             if not (name.startswith(self._prefix) and name.endswith(".json")):
                 continue
             uid = name[len(self._prefix) : -len(".json")]
-            if not _UID.match(uid):
+            # Any UID prepare accepts may have a spec here (and need removing at start-up).
+            if uid_problem(uid) is not None:
                 continue
             out[uid] = self._devices_in(self.cdi_dir / name, uid)
         return out

@@ -23,7 +23,16 @@ from typing import Protocol
 
 from agent.checkpoint import ClaimRecord, ClaimState, PreparedDevice
 from agent.checkpoint_store import CheckpointStore, CheckpointWriteError
-from agent.claims import AllocatedDevice, Claim, ClaimRef
+from agent.claims import (
+    AllocatedDevice,
+    Claim,
+    ClaimError,
+    ClaimRef,
+    allocation_json,
+    check_uid,
+    parse_devices,
+    uid_problem,
+)
 from agent.claimstatus import NicStatus
 from agent.failpoints import Failpoints, Point, hit
 from agent.metrics import Metrics
@@ -170,6 +179,7 @@ class DevicePreparer:
     def prepare(self, claim: Claim) -> ClaimRecord:
         """Prepare ``claim`` (allocated, UID checked) and return its completed record."""
         ref = claim.ref
+        check_uid(ref)  # the framework checked already; this keeps a bad UID off the disk
         results = claim.results_for(self.driver)
         existing = self.checkpoint.claims().get(ref.uid)
         if existing is not None and existing.completed and not existing.recovered:
@@ -185,6 +195,7 @@ class DevicePreparer:
             state=ClaimState.PREPARE_STARTED, devices=prepared,
             cdi_annotations=self.specs.annotations(ref.uid, cdi_ids) if cdi_ids else {},
             spec_path=spec_path, boot_id=self.boot_id, updated=_now(),
+            allocation=allocation_json(claim, self.driver),
         )
 
         def start(claims: dict[str, ClaimRecord]) -> None:
@@ -211,23 +222,63 @@ class DevicePreparer:
         self._update_gauges()
         return done
 
+    def prepare_recorded(self, ref: ClaimRef) -> ClaimRecord | None:
+        """Answer a repeated prepare from the checkpoint alone; None when the claim is needed.
+
+        The kubelet repeats prepares (its restart, a container restart) and an API server
+        outage must not fail them. A completed record is keyed by the claim UID, which the API
+        server never reuses, so it answers for exactly that object: a claim deleted and
+        re-created under the same name has a new UID and takes the full path (GET, UID check).
+        A record that was recovered, names another claim, or must rewrite its spec without the
+        allocation it was prepared from, takes the full path too.
+        """
+        check_uid(ref)
+        existing = self.checkpoint.claims().get(ref.uid)
+        if existing is None or not existing.completed or existing.recovered:
+            return None
+        if (existing.namespace, existing.name) != (ref.namespace, ref.name):
+            return None
+        if not self._spec_stale(existing):
+            return existing
+        claim = self.recorded_claim(ref, existing)
+        if claim is None:
+            return None  # written by an older version: the API object has what is needed
+        return self._repeat(claim, existing, claim.results_for(self.driver))
+
+    def recorded_claim(self, ref: ClaimRef, record: ClaimRecord) -> Claim | None:
+        """The claim as it was prepared, rebuilt from its record; None when not kept."""
+        if record.allocation is None:
+            return None
+        try:
+            results, configs = parse_devices(record.allocation, str(ref))
+        except ClaimError:
+            return None  # cannot happen for what we wrote; the API object is the fallback
+        return Claim(ref=ref, allocated=True, results=results, configs=configs)
+
+    def _spec_stale(self, existing: ClaimRecord) -> bool:
+        """The spec is missing, or the node rebooted since it was written.
+
+        ``/var/run/cdi`` is tmpfs, and every existing driver once answered with CDI IDs whose
+        spec was gone.
+        """
+        spec_missing = bool(existing.devices) and not Path(existing.spec_path).exists()
+        return spec_missing or existing.boot_id != self.boot_id
+
     def _repeat(
         self, claim: Claim, existing: ClaimRecord, results: Sequence[AllocatedDevice]
     ) -> ClaimRecord:
-        """A prepare of a prepared claim: same answer; rewrite the spec if it was lost.
-
-        The spec is rewritten when it is missing or the node rebooted since it was written
-        (``/var/run/cdi`` is tmpfs; every existing driver once answered with CDI IDs whose spec
-        was gone).
-        """
+        """A prepare of a prepared claim: same answer; rewrite the spec if it was lost."""
         ref = claim.ref
-        spec_missing = bool(existing.devices) and not Path(existing.spec_path).exists()
-        if not spec_missing and existing.boot_id == self.boot_id:
+        if not self._spec_stale(existing):
             return existing
+        spec_missing = bool(existing.devices) and not Path(existing.spec_path).exists()
         if existing.devices:
             inventory = self.inventory().by_name()
             self._write_spec(ref, [self._spec_device(claim, r, inventory) for r in results])
-        fresh = replace(existing, boot_id=self.boot_id, updated=_now())
+        fresh = replace(
+            existing, boot_id=self.boot_id, updated=_now(),
+            allocation=allocation_json(claim, self.driver),
+        )
         self._checkpoint(ref, lambda claims: claims.__setitem__(ref.uid, fresh))
         log.info(
             "rewrote CDI spec of a prepared claim",
@@ -354,9 +405,17 @@ class DevicePreparer:
     # -- unprepare ------------------------------------------------------------------------
 
     def unprepare(self, uid: str) -> None:
-        """Undo a prepare. Unknown claims succeed: the spec name derives from the UID alone."""
+        """Undo a prepare. Unknown claims succeed: the spec name derives from the UID alone.
+
+        The kubelet also unprepares claims whose prepare failed, and an error keeps their pod
+        terminating for ever. A UID that prepare refuses (``uid_problem``) never got a spec, so
+        no path is built from it: only a checkpoint record of that key, if any, goes.
+        """
         hit(self.failpoints, Point.UNPREPARE_AFTER_STARTED, uid)
-        self.specs.remove(uid)
+        if uid_problem(uid) is None:
+            self.specs.remove(uid)
+        elif uid not in self.checkpoint.claims():
+            return
         hit(self.failpoints, Point.UNPREPARE_AFTER_SPEC_REMOVED, uid)
         self.checkpoint.update(lambda claims: claims.pop(uid, None))
         hit(self.failpoints, Point.UNPREPARE_AFTER_COMPLETED, uid)

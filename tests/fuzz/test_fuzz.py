@@ -202,7 +202,6 @@ def test_plugin_still_serves_after_the_fuzzing(fuzz_node: FuzzNode) -> None:
     assert not fuzz_node.unprepare([("default", "after", uid)]).claims[uid].error
 
 
-@pytest.mark.xfail(strict=True, reason="a NUL in the UID: accepted by prepare, fatal to unprepare")
 def test_claim_uid_with_a_nul_byte_never_sticks(fuzz_node: FuzzNode) -> None:
     uid = "x\x00y"
     # No result for this driver: prepare has nothing to write and records the claim as done.
@@ -219,7 +218,6 @@ def test_claim_uid_with_a_nul_byte_never_sticks(fuzz_node: FuzzNode) -> None:
         fuzz_node.server.checkpoint.update(lambda claims: claims.pop(uid, None))
 
 
-@pytest.mark.xfail(strict=True, reason="unprepare builds a spec path from the UID and fails")
 def test_unprepare_of_a_claim_never_prepared_succeeds_whatever_its_uid(
     fuzz_node: FuzzNode,
 ) -> None:
@@ -230,7 +228,6 @@ def test_unprepare_of_a_claim_never_prepared_succeeds_whatever_its_uid(
         assert not answer.error, answer.error
 
 
-@pytest.mark.xfail(strict=True, reason="parse_claim calls .get on a non-object status.allocation")
 def test_allocation_that_is_not_an_object_is_a_claim_error(fuzz_node: FuzzNode) -> None:
     uid = str(uuid.uuid4())
     fuzz_node.claims.claims = {("default", "odd"): {
@@ -241,7 +238,6 @@ def test_allocation_that_is_not_an_object_is_a_claim_error(fuzz_node: FuzzNode) 
     assert "status.allocation" in answer.error and "internal error" not in answer.error
 
 
-@pytest.mark.xfail(strict=True, reason="claim UIDs are not checked; bad ones fail deep in CDI")
 def test_a_uid_no_cdi_name_can_hold_is_refused_up_front(fuzz_node: FuzzNode) -> None:
     for uid in ("../../etc/passwd", "new\nline", "ünï"):
         fuzz_node.claims.claims = {("default", "c"): valid_claim("default", "c", uid, "gpu-0")}
