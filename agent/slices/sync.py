@@ -163,7 +163,8 @@ def plain(value: Any) -> Any:
     return value
 
 
-def _owner_ok(obj: Mapping[str, Any], owner: OwnerRef | None) -> bool:
+def owner_ok(obj: Mapping[str, Any], owner: OwnerRef | None) -> bool:
+    """Whether ``obj`` carries ``owner`` as its controller reference (UID included)."""
     if owner is None:
         return True
     refs = obj.get("metadata", {}).get("ownerReferences") or []
@@ -249,7 +250,7 @@ def plan_pool(
         if not specs_equal(
             obj.get("spec", {}), desired_spec(driver, desired, index, base, for_wire=False)
         )
-        or not _owner_ok(obj, owner)
+        or not owner_ok(obj, owner)
     }
     missing = [i for i in range(len(desired.slices)) if i not in matched]
     # Deleting a stale copy of an older generation is invisible to consumers; deleting a slice

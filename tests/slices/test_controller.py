@@ -55,6 +55,8 @@ def test_node_uid_is_looked_up_once_or_not_at_all(srv: FakeAPIServer, harness: H
     c = harness.start(srv, resources(node1=pool_of(2), other=pool_of(2)))
     assert c.synced(10)
     assert [r.path for r in srv.requests if "/nodes/" in r.path] == ["/api/v1/nodes/node1"]
+    # Stopped first: c would see c2 rewrite the owner of its slices and check its Node again.
+    c.stop()
     srv.clear_requests()
     c2 = harness.start(srv, resources(node1=pool_of(2)), Owner(name=NODE, uid="given-uid"))
     assert c2.synced(10)
