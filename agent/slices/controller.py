@@ -17,19 +17,18 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from agent.metrics import Metrics
 from agent.slices.api import ApiError, SliceClient
 from agent.slices.backoff import Backoff
 from agent.slices.errors import PublishError, RejectedSliceError
-from agent.slices.owner import Owner
+from agent.slices.owner import Owner, OwnerUID
 from agent.slices.pools import PoolState, effective, to_desired
 from agent.slices.publish import ConflictError, Publisher
 from agent.slices.scopes import Scopes
-from agent.slices.sync import OwnerRef, PoolPlan, owner_ok, plan_pool
+from agent.slices.sync import PoolPlan, plan_pool
 from agent.slices.validate import PoolValidationError
 from agent.slices.versions import NoResourceAPIError, choose_version
 from agent.slices.watch import Scope, Watcher
@@ -75,19 +74,16 @@ class Controller:
         self._client = client
         self._driver = driver
         self._owner = owner
-        self._owner_uid = owner.uid if owner is not None else None
-        #: The Node UID was looked up in the current batch of syncs (worker-only).
-        self._owner_fresh = False
-        #: A refresh could not confirm the cached Node UID: the next sync looks again.
-        self._owner_suspect = False
-        #: When to look for a Node that was not found (guarded by _cond); None: no need.
-        self._owner_recheck_at: float | None = None
         self._metrics = metrics or Metrics()
         self._resync_period_s = resync_period_s
         self._external_stop = stop_event
         self._on_error = on_error
         self._timing = timing or Timing()
         self._rng = random.Random()
+        self._owner_uid = OwnerUID(
+            owner, self._node_uid,
+            Backoff(self._timing.backoff_initial_s, self._timing.backoff_max_s, rng=self._rng),
+        )
         self._stop = threading.Event()
         self._cond = threading.Condition()  # guards _desired, _pending
         self._in_sync = threading.Event()
@@ -273,8 +269,7 @@ class Controller:
             if self._scopes_dirty or not len(self._scopes):
                 self._ensure_scopes()
             due = self._take_due()
-            # At most one Node lookup per batch of pools, however many need one.
-            self._owner_fresh = False
+            self._owner_uid.new_batch()  # at most one Node lookup per batch of pools
             for pool in due or ():
                 if self._stopping():
                     return
@@ -292,10 +287,10 @@ class Controller:
             if now >= self._next_resync:
                 self._next_resync = now + self._resync_period_s
                 self._resync()
-            recheck = self._owner_recheck_at
+            recheck = self._owner_uid.recheck_at
             if recheck is not None and now >= recheck:
                 # Look for the missing Node again: the next sync of any pool does it.
-                self._owner_recheck_at = recheck = None
+                self._owner_uid.recheck_at = recheck = None
                 for pool in self._desired:
                     self._pending[pool] = min(self._pending.get(pool, now), now)
             ready = {p: t for p, t in self._pending.items() if self._ready(p)}
@@ -399,13 +394,13 @@ class Controller:
             for _ in range(self._timing.conflict_retries):
                 desired = effective(state, self._publisher.accepted) if state else None
                 existing = self._scopes.existing(pool)
-                owner = self._owner_ref()
+                owner = self._owner_uid.ref()
                 plan = plan_pool(
                     self._driver, pool, desired, existing, owner,
                     generation_floor=self._generations.get(pool, 0),
                 )
-                if self._owner_may_have_changed(plan, existing, owner):
-                    owner = self._owner_ref(refresh=True)
+                if self._owner_uid.stale(plan, existing, owner):
+                    owner = self._owner_uid.ref(refresh=True)
                     plan = plan_pool(
                         self._driver, pool, desired, existing, owner,
                         generation_floor=self._generations.get(pool, 0),
@@ -440,65 +435,9 @@ class Controller:
             self._report(err)
         return False
 
-    def _owner_ref(self, refresh: bool = False) -> OwnerRef | None:
-        """Our owner reference; a Node's UID is looked up when unknown, or again on ``refresh``.
-
-        A refresh that finds no Node (deleted, not registered again yet) keeps the UID we had
-        and looks again after a back-off, so the pool stays published meanwhile; any other
-        failure fails this sync, and the retry refreshes again.
-        """
-        owner = self._owner
-        if owner is None:
-            return None
-        if self._owner_uid is None or refresh:
-            assert self._client is not None
-            previous = self._owner_uid
-            self._owner_fresh = True
-            try:
-                uid = self._client.node_uid(owner.name)
-            except ApiError as err:
-                if previous is None:
-                    raise
-                self._owner_suspect = True
-                if not err.not_found:
-                    raise
-                with self._cond:
-                    self._owner_recheck_at = time.monotonic() + self._backoff("owner").next()
-                log.warning("node owner not found; keeping its last known uid",
-                            extra={"node": owner.name, "uid": previous})
-                return OwnerRef(owner.api_version, owner.kind, owner.name, previous)
-            self._owner_uid = uid
-            self._owner_suspect = False
-            self._backoffs.pop("owner", None)
-            with self._cond:
-                self._owner_recheck_at = None
-            if uid != previous:
-                log.info("node owner found",
-                         extra={"node": owner.name, "uid": uid, "previous": previous})
-        assert self._owner_uid is not None
-        return OwnerRef(owner.api_version, owner.kind, owner.name, self._owner_uid)
-
-    def _owner_may_have_changed(
-        self, plan: PoolPlan, existing: Sequence[Mapping[str, Any]], owner: OwnerRef | None
-    ) -> bool:
-        """Whether to look the Node up again before writing ``plan``.
-
-        The UID of a looked-up Node is cached, but a Node can be deleted and registered again
-        under the same name with a new UID (an API server restored empty, a node re-joined);
-        slices carrying the old UID would be deleted by the garbage collector. The plan
-        reveals when that may have happened: it creates slices (ours vanished, e.g. an empty
-        server or a kubelet wipe) or rewrites an owner reference (the stored slices carry
-        another UID). A steady state plans neither, so it costs no Node GET.
-        """
-        if owner is None or self._owner is None or self._owner.uid is not None:
-            return False  # no owner, or the caller's UID, which we must not second-guess
-        if self._owner_fresh:
-            return False
-        return (
-            self._owner_suspect
-            or bool(plan.creates)
-            or any(not owner_ok(obj, owner) for obj in existing)
-        )
+    def _node_uid(self, name: str) -> str:
+        assert self._client is not None
+        return self._client.node_uid(name)
 
     def _succeeded(self, pool: str, plan: PoolPlan) -> None:
         if plan.writes:

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from agent.slices.api import ApiError
+from agent.slices.backoff import Backoff
+from agent.slices.sync import OwnerRef, PoolPlan, owner_ok
+
+log = logging.getLogger("agent.slices")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,3 +56,85 @@ def owned_by(owner: Owner) -> Filter:
         )
 
     return accepts
+
+
+class OwnerUID:
+    """The owner reference to write, with a looked-up Node UID kept fresh enough.
+
+    The UID of a looked-up Node is cached, but a Node can be deleted and registered again
+    under the same name with a new UID (an API server restored empty, a node re-joined), and
+    slices carrying the old UID would be deleted by the garbage collector. ``stale`` tells
+    from a planned sync when that may have happened, so a steady state costs no Node GET.
+    Used by the controller's worker thread only.
+    """
+
+    def __init__(
+        self,
+        owner: Owner | None,
+        lookup: Callable[[str], str],
+        backoff: Backoff,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._owner = owner
+        self._lookup = lookup  # Node name -> UID; raises ApiError
+        self._backoff = backoff
+        self._clock = clock
+        self._uid = owner.uid if owner is not None else None
+        #: Looked up in the current batch of syncs: at most one GET per batch of pools.
+        self._fresh = False
+        #: A lookup could not confirm the cached UID: the next sync looks again.
+        self._suspect = False
+        #: When to look again for a Node that was not found; None: no need.
+        self.recheck_at: float | None = None
+
+    def new_batch(self) -> None:
+        self._fresh = False
+
+    def ref(self, refresh: bool = False) -> OwnerRef | None:
+        """Our owner reference; a Node's UID is looked up when unknown, or again on ``refresh``.
+
+        A refresh that finds no Node (deleted, not registered again yet) keeps the UID we had
+        and sets ``recheck_at`` after a back-off, so the pool stays published meanwhile; any
+        other failure raises, and the retried sync refreshes again.
+        """
+        owner = self._owner
+        if owner is None:
+            return None
+        if self._uid is None or refresh:
+            previous = self._uid
+            self._fresh = True
+            try:
+                uid = self._lookup(owner.name)
+            except ApiError as err:
+                if previous is None:
+                    raise
+                self._suspect = True
+                if not err.not_found:
+                    raise
+                self.recheck_at = self._clock() + self._backoff.next()
+                log.warning("node owner not found; keeping its last known uid",
+                            extra={"node": owner.name, "uid": previous})
+                return OwnerRef(owner.api_version, owner.kind, owner.name, previous)
+            self._uid = uid
+            self._suspect = False
+            self._backoff.reset()
+            self.recheck_at = None
+            if uid != previous:
+                log.info("node owner found",
+                         extra={"node": owner.name, "uid": uid, "previous": previous})
+        assert self._uid is not None
+        return OwnerRef(owner.api_version, owner.kind, owner.name, self._uid)
+
+    def stale(
+        self, plan: PoolPlan, existing: Sequence[Mapping[str, Any]], ref: OwnerRef | None
+    ) -> bool:
+        """Whether to look the Node up again before writing ``plan``: it creates slices (ours
+        vanished: an empty server, a kubelet wipe), the stored slices carry another owner UID,
+        or the last lookup could not confirm ours. Never for a UID the caller gave."""
+        if ref is None or self._owner is None or self._owner.uid is not None or self._fresh:
+            return False
+        return (
+            self._suspect
+            or bool(plan.creates)
+            or any(not owner_ok(obj, ref) for obj in existing)
+        )
