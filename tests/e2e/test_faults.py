@@ -7,8 +7,6 @@ import os
 import time
 from collections import Counter
 
-import pytest
-
 from tests.e2e.conftest import StartAgent
 from tests.e2e.harness import (
     DRIVER,
@@ -111,7 +109,6 @@ def test_restarted_kubelet_wipes_slices_and_they_come_back(
     assert agent.terminate() == 0
 
 
-@pytest.mark.xfail(strict=True, reason="prepare GETs the claim before it looks at the checkpoint")
 def test_checkpointed_claim_still_answers_while_the_api_server_is_down(
     dirs: NodeDirs, cluster: Cluster, start_agent: StartAgent, kubelet: KubeletStandIn
 ) -> None:
@@ -179,7 +176,6 @@ def test_api_server_down_then_back_then_back_empty(
     assert agent.terminate() == 0
 
 
-@pytest.mark.xfail(strict=True, reason="the controller keeps the Node UID it looked up at start")
 def test_slices_republished_on_an_empty_server_are_owned_by_the_new_node(
     dirs: NodeDirs, cluster: Cluster, start_agent: StartAgent
 ) -> None:
