@@ -190,3 +190,30 @@ def test_a_reporter_that_raises_never_fails_the_prepare(short_root: Path) -> Non
     finally:
         n.kubelet.stop()
         n.server.stop(0)
+
+
+def claim_gets(srv: FakeAPIServer) -> list[Any]:
+    return [r for r in srv.requests if r.verb == "get" and "/resourceclaims/" in r.path]
+
+
+def test_repeat_of_a_reported_claim_reads_nothing(agent: Agent) -> None:
+    nics = agent.srv.put_object(make_claim("net", ["nic-0"]))
+    gpus = agent.srv.put_object(make_claim("gpu", ["gpu-0"]))
+    assert agent.prepare(nics).ok and agent.prepare(gpus).ok
+    agent.srv.clear_requests()
+    # Both answered from the checkpoint: the NICs are reported already, the GPU has none.
+    assert agent.prepare(nics).ok and agent.prepare(gpus).ok
+    assert claim_gets(agent.srv) == [] and status_writes(agent.srv) == []
+
+
+def test_report_owed_while_the_api_server_is_down_does_not_fail_the_repeat(
+    agent: Agent,
+) -> None:
+    claim = agent.srv.put_object(make_claim("net", ["nic-0"]))
+    agent.srv.fail_next(1, 500, verb="patch", path_contains="/status")
+    assert agent.prepare(claim).ok  # prepared; the report failed and is owed
+    agent.srv.stop()
+    assert agent.prepare(claim).ok  # the checkpoint answers; the report waits
+    agent.srv.start()
+    assert agent.prepare(claim).ok
+    assert [e["device"] for e in status_devices(agent.srv, "net")] == ["nic-0"]
