@@ -333,6 +333,10 @@ class Daemon:
 
     def _check_threads(self) -> tuple[bool, str]:
         dead = sorted(n for n, t in self._threads.items() if not t.is_alive())
+        if self.controller is not None and not self.controller.alive():
+            dead.append("resourceslice-controller")
+        if self.health is not None and not self.health.alive():
+            dead.append("health-monitor")
         if dead and not self.stop_event.is_set():
             return False, f"background thread(s) ended: {', '.join(dead)}"
         return True, "background threads alive"
@@ -365,6 +369,11 @@ class Daemon:
     def run(self) -> int:
         """Start, then wait for a stop request or a dead background thread; return exit code."""
         self.start()
+        return self.run_until_stopped()
+
+    def run_until_stopped(self) -> int:
+        """Wait (after ``start()``) for a stop request or a dead background thread, then shut
+        down; 1 when a vital thread died, else 0."""
         try:
             while not self.stop_event.wait(0.5):
                 ok, why = self._check_threads()

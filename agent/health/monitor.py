@@ -101,6 +101,11 @@ class HealthMonitor:
         for i, source in enumerate(self._events):
             self._spawn(functools.partial(self._follow, source), f"health-events-{i}")
 
+    def alive(self) -> bool:
+        """Whether every monitoring thread still runs (before stop()); the daemon treats
+        ``False`` as fatal, since a dead watcher would leave faults unreported."""
+        return self._stop.is_set() or all(t.is_alive() for t in self._threads)
+
     def stop(self, timeout: float = 5.0) -> None:
         """Stop every thread; returns when they have ended (or ``timeout`` passed)."""
         self._stop.set()

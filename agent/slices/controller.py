@@ -133,6 +133,16 @@ class Controller:
             self._in_sync.clear()
             self._cond.notify_all()
 
+    def alive(self) -> bool:
+        """Whether background publishing still runs (the worker thread); True when inactive.
+
+        A crashed worker would leave the cluster's slices stale for ever: the daemon treats
+        ``False`` as fatal.
+        """
+        if self._client is None or self._stop.is_set():
+            return True
+        return bool(self._threads) and self._threads[0].is_alive()
+
     def synced(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the API server to hold exactly the desired state."""
         if self._client is None:

@@ -129,3 +129,20 @@ def test_link_down_reaches_the_kubelet_health_stream(
     assert len(last) == len(daemon.inventory.devices)  # the complete list every time
     wait_for(lambda: any(t["key"] == f"{DRIVER}/link-down"
                          for t in device_taints(srv, nic.name)))
+
+
+def test_a_dead_background_thread_is_fatal(running: tuple[Daemon, FakeAPIServer, Path]) -> None:
+    daemon, _, _ = running
+    assert daemon._check_threads() == (True, "background threads alive")
+    crashed = threading.Thread(target=lambda: None, name="crashed")
+    crashed.start()
+    crashed.join()
+    daemon._threads["crashed"] = crashed  # a vital loop that ended
+    ok, why = daemon._check_threads()
+    assert not ok and "crashed" in why
+    # run() notices within its check period, stops everything and exits non-zero.
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(daemon.run_until_stopped()))
+    runner.start()
+    runner.join(10)
+    assert result == [1]
