@@ -227,8 +227,10 @@ def run(quick: bool) -> list[Figure]:
         with scratch_dir() as tmp, FakeAPIServer() as srv:
             srv.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
             sources = simulated_sources("dgx-h100", Path(tmp) / "h100")
-            figures += _latencies(sources, srv, root, 4 if quick else 16)
-            window = 5.0 if quick else 60.0
+            figures += _latencies(sources, srv, root, 4 if quick else 12)
+            # 30 s per flap run keeps `python -m hack.bench` under 5 minutes on 2 cores;
+            # writes are reported per minute.
+            window = 5.0 if quick else 30.0
             defaults = HealthOptions()
             figures.append(_flap(sources, srv, root, window, defaults.quiet_period_s,
                                  "default quiet period", 2 * 60 / window))
