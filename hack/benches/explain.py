@@ -91,12 +91,13 @@ def run(quick: bool) -> list[Figure]:
 
     claim, classes, slices, held = scenario()
     rounds = 3 if quick else 9
-    times, cpu, last = [], [], None
+    times, cpu, parse, last = [], [], [], None
     for _ in range(rounds):
         start, start_cpu = time.perf_counter(), time.process_time()
         last = explain(claim, classes, slices, NODE, held)
         times.append((time.perf_counter() - start) * 1e3)
         cpu.append((time.process_time() - start_cpu) * 1e3)
+        parse.append(last.stats["parseMs"])
     assert last is not None and last.fits, "the benchmark claim must fit"
     stats = last.stats
     env = CelEnv()
@@ -119,7 +120,7 @@ def run(quick: bool) -> list[Figure]:
         Figure("CEL evaluations per explain", stats["celEvaluations"], "evals"),
         Figure("CEL device conversions per explain (one per distinct view)",
                stats["celConversions"], "devices"),
-        Figure("explain parse share, median run", stats["parseMs"], "ms"),
+        Figure("explain input parsing, median", statistics.median(parse), "ms"),
         *_distinct_devices(claim, slices),
     ]
 
