@@ -109,7 +109,8 @@ def test_failed_change_writes_nothing(tmp_path: Path) -> None:
 def test_corrupt_file_is_set_aside_counted_and_records_salvaged(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.json"
     raw = encode(CheckpointData(claims={"u1": record("u1")}))
-    path.write_bytes(raw.replace(b'"checksum": "sha256:', b'"checksum": "sha256:00'))
+    assert b'"checksum":"sha256:' in raw
+    path.write_bytes(raw.replace(b'"checksum":"sha256:', b'"checksum":"sha256:00'))
     metrics = Metrics()
     store = CheckpointStore(path, metrics=metrics, clock=lambda: 1234.0)
     claims = store.claims()
