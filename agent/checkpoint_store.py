@@ -110,6 +110,7 @@ class CheckpointStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._lock_path = path.with_name(path.name + ".lock")
+        self._lock_fd: int | None = None
         self._cache: CheckpointData | None = None
         self._cache_key: tuple[int, int, int] | None = None
         #: Paths the corrupt files were moved to during this process's life.
@@ -145,14 +146,40 @@ class CheckpointStore:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
+        """This process's lock, then the file lock another agent instance may hold too.
+
+        The lock file stays open between calls (opening it each time was a measurable part
+        of a prepare); it is reopened when the path no longer names the open file.
+        """
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = self._lock_file()
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
                 yield
             finally:
-                os.close(fd)  # closing releases the flock
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _lock_file(self) -> int:
+        fd = self._lock_fd
+        if fd is not None:
+            try:
+                if os.stat(self._lock_path).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+            self._lock_fd = None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._lock_fd = fd
+        return fd
+
+    def close(self) -> None:
+        """Release the lock file descriptor (the agent is stopping)."""
+        with self._lock:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
     def _key(self) -> tuple[int, int, int] | None:
         try:

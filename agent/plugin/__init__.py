@@ -171,4 +171,5 @@ class PluginServer:
             self._dra.stop(grace_s).wait()
             self._dra = None
         remove_socket(self.paths.dra)
+        self.checkpoint.close()
         self._lock.release()
