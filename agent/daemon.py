@@ -26,6 +26,7 @@ from agent.health.options import HealthOptions
 from agent.metrics import Metrics
 from agent.sdnotify import Notifier
 from discovery.model import Inventory
+from discovery.sources import Sources
 
 log = logging.getLogger("agent.daemon")
 
@@ -98,7 +99,10 @@ class Daemon:
         notifier: Notifier | None = None,
         metrics: Metrics | None = None,
         environ: Mapping[str, str] | None = None,
+        sources: Sources | None = None,
     ) -> None:
+        """``sources`` replaces what ``cfg`` would pick (the host, or ``--simulate``): the seam
+        for tests and benchmarks that change a machine's tree while the agent runs."""
         self.cfg = cfg
         self.options = options or RunOptions()
         self.notifier = notifier or Notifier.from_env(environ)
@@ -115,7 +119,7 @@ class Daemon:
         self.http: Any = None
         self.health: Any = None
         #: Where discovery reads the machine (a generated tree with --simulate).
-        self.sources: Any = None
+        self.sources: Sources | None = sources
 
     # -- inventory -----------------------------------------------------------------------
 
@@ -149,10 +153,12 @@ class Daemon:
 
     # -- start ---------------------------------------------------------------------------
 
-    def _sources(self) -> Any:
+    def _sources(self) -> Sources:
         from discovery.host import host_sources
         from discovery.simulate import scratch_dir, simulated_sources
 
+        if self.sources is not None:
+            return self.sources
         if self.cfg.simulate:
             tmp = scratch_dir()
             self._cleanups.append(tmp.cleanup)

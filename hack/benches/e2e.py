@@ -106,12 +106,6 @@ def hotplug_to_published(rounds: int) -> tuple[list[float], list[float]]:
     root = Path(tempfile.mkdtemp(prefix="h", dir="/tmp"))
     sources = simulated_sources("dgx-h100", root / "sim")
 
-    class OwnTreeDaemon(Daemon):
-        """The daemon on a tree this bench can change."""
-
-        def _sources(self) -> Any:
-            return sources
-
     gone_times: list[float] = []
     back_times: list[float] = []
     try:
@@ -120,9 +114,9 @@ def hotplug_to_published(rounds: int) -> tuple[list[float], list[float]]:
             kubeconfig = server.write_kubeconfig(root / "kubeconfig")
             cfg = Config(node_name=node, kubeconfig=str(kubeconfig), kubelet_dir=root / "k",
                          cdi_dir=root / "cdi", simulate="dgx-h100", metrics_address="none")
-            daemon = OwnTreeDaemon(cfg, RunOptions(slow_rescan_s=RESCAN_S,
-                                                   boot_id_path=root / "boot"),
-                                   environ={})
+            # The daemon on a tree this bench can change.
+            daemon = Daemon(cfg, RunOptions(slow_rescan_s=RESCAN_S, boot_id_path=root / "boot"),
+                            environ={}, sources=sources)
             thread = threading.Thread(target=daemon.run, daemon=True)
             thread.start()
             try:
