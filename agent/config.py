@@ -78,7 +78,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def _load_file(path: Path) -> dict[str, Any]:
+def _load_file(path: Path, extra_keys: frozenset[str] = frozenset()) -> dict[str, Any]:
     import yaml  # only when a file is given
 
     try:
@@ -89,7 +89,7 @@ def _load_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: not valid YAML: {err}") from err
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: top level must be a mapping")
-    known = {f.name for f in fields(Config)}
+    known = {f.name for f in fields(Config)} | extra_keys
     # Accept both snake_case and the flag spelling (driver-name).
     out = {str(k).replace("-", "_"): v for k, v in data.items()}
     unknown = sorted(set(out) - known)
@@ -100,11 +100,19 @@ def _load_file(path: Path) -> dict[str, Any]:
 
 def build_config(values: dict[str, Any]) -> Config:
     """Merge click values (None = not given by flag or env) with the file and the defaults."""
+    return _merge(values, frozenset())[0]
+
+
+def _merge(values: dict[str, Any], extra_keys: frozenset[str]) -> tuple[Config, dict[str, Any]]:
+    """The Config, plus the file's values for ``extra_keys`` (a command's own options)."""
     given = {k: v for k, v in values.items() if v is not None and v != ()}
     file_path = given.get("config_file")
     merged: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
     if file_path:
-        merged.update(_load_file(Path(file_path)))
+        from_file = _load_file(Path(file_path), extra_keys)
+        extra = {k: v for k, v in from_file.items() if k in extra_keys}
+        merged.update({k: v for k, v in from_file.items() if k not in extra_keys})
     merged.update(given)
     converted = {k: _CONVERTERS.get(k, lambda v: v)(v) for k, v in merged.items()}
     cfg = replace(Config(), **converted)
@@ -112,7 +120,7 @@ def build_config(values: dict[str, Any]) -> Config:
         cfg = replace(cfg, node_name=default_node_name())
     if cfg.log_format not in ("logfmt", "json"):
         raise ConfigError(f"--log-format must be logfmt or json, not {cfg.log_format!r}")
-    return cfg
+    return cfg, extra
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -147,9 +155,23 @@ def common_options(func: F) -> F:
 
 
 def pop_config(kwargs: dict[str, Any]) -> Config:
-    """Take the shared options out of a command's kwargs and build the Config."""
+    """Take the shared options out of a command's kwargs and build the Config.
+
+    The config file may also set the command's own options (``rolling_update: true`` for
+    ``run``); those fill ``kwargs`` where neither a flag nor the environment gave a value.
+    """
     names = {f.name for f in fields(Config)}
     values = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
     if values.get("verbosity") == 0:
         values["verbosity"] = None  # count options report 0 when absent
-    return build_config(values)
+    ctx = click.get_current_context(silent=True)
+    params = {p.name: p for p in ctx.command.params if p.name} if ctx is not None else {}
+    own = frozenset(k for k in params if k in kwargs)
+    cfg, from_file = _merge(values, own)
+    for key, raw in from_file.items():
+        if ctx is not None and ctx.get_parameter_source(key) is click.core.ParameterSource.DEFAULT:
+            try:
+                kwargs[key] = params[key].type_cast_value(ctx, raw)
+            except click.BadParameter as err:
+                raise ConfigError(f"config file {cfg.config_file}: {key}: {err.message}") from err
+    return cfg

@@ -87,6 +87,41 @@ def test_paths_derive_from_kubelet_dir() -> None:
     assert cfg.checkpoint_path == Path("/k/plugins/d.io/checkpoint.json")
 
 
+@click.command()
+@click.option("--rolling-update/--no-rolling-update", default=False)
+@click.option("--grace", type=float, default=10.0)
+@common_options
+def own(**kwargs: Any) -> None:
+    cfg = pop_config(kwargs)
+    click.echo(json.dumps({"node": cfg.node_name, "rolling": kwargs["rolling_update"],
+                           "grace": kwargs["grace"]}))
+
+
+def test_config_file_sets_a_commands_own_options_below_flags(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("node-name: n1\nrolling-update: true\ngrace: 2.5\n")
+    result = CliRunner().invoke(own, ["--config", str(path)], catch_exceptions=False)
+    assert json.loads(result.output) == {"node": "n1", "rolling": True, "grace": 2.5}
+    result = CliRunner().invoke(own, ["--config", str(path), "--no-rolling-update",
+                                      "--grace", "1"], catch_exceptions=False)
+    assert json.loads(result.output) == {"node": "n1", "rolling": False, "grace": 1.0}
+
+
+def test_config_file_value_of_the_wrong_type_names_key_and_file(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("grace: soon\n")
+    result = CliRunner().invoke(own, ["--config", str(path)])
+    assert result.exit_code == 2
+    assert str(path) in result.output and "grace" in result.output
+
+
+def test_config_file_keys_of_other_commands_are_unknown(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("grace: 1\n")
+    result = CliRunner().invoke(show, ["--config", str(path)])  # `show` has no --grace
+    assert result.exit_code == 2 and "unknown key(s) grace" in result.output
+
+
 def _record(msg: str, **extra: Any) -> logging.LogRecord:
     record = logging.LogRecord("agent.plugin", logging.INFO, __file__, 1, msg, None, None)
     record.__dict__.update(extra)
