@@ -160,7 +160,12 @@ class GpuWatcher:
                 first = self._init_error == "NVML not initialised yet"
                 self._init_error = str(err) or type(err).__name__
             if first:
-                log.warning("NVML unavailable: GPUs are unmonitored", extra={"error": str(err)})
+                # Only worth a warning when discovery found NVIDIA devices to watch; a NIC-only
+                # node (no driver at all) is normal.
+                has_gpus = any(gpu_uuid(d) for d in self.inventory().devices
+                               if d.type in _GPU_TYPES)
+                log.log(logging.WARNING if has_gpus else logging.INFO,
+                        "NVML unavailable: GPUs are unmonitored", extra={"error": str(err)})
             self._next_init = self.clock() + self.options.gpu_retry_s
             return
         with self._lock:
