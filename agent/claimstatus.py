@@ -35,13 +35,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.apiversions import CLAIM_API_VERSIONS, ServedVersions
 from agent.kubehttp import KubeAPIError, as_kubehttp, parse_status
 from agent.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 #: resource.k8s.io versions tried in order; the parts a node plugin reads are the same in all.
-CLAIM_API_VERSIONS = ("v1", "v1beta2", "v1beta1")
 READY_REASON = "Prepared"
 _GROUP = "resource.k8s.io"
 
@@ -170,7 +170,7 @@ class ClaimStatusWriter:
         #: Short: the write happens inside the kubelet's 45 s prepare call.
         self.timeout_s = timeout_s
         self._now = now
-        self._versions = list(versions)
+        self._versions = ServedVersions(versions)
         self._lock = threading.Lock()
         self._forbidden_logged = False
 
@@ -230,13 +230,9 @@ class ClaimStatusWriter:
     def _order(self, claim: Mapping[str, Any]) -> list[str]:
         """The version the claim was read with first: the server serves it."""
         api_version = str(claim.get("apiVersion", ""))
-        read_with = api_version.removeprefix(f"{_GROUP}/")
-        with self._lock:
-            versions = list(self._versions)
-        if api_version.startswith(f"{_GROUP}/") and read_with in versions:
-            versions.remove(read_with)
-            versions.insert(0, read_with)
-        return versions
+        if not api_version.startswith(f"{_GROUP}/"):
+            return self._versions.candidates()
+        return self._versions.candidates(api_version.removeprefix(f"{_GROUP}/"))
 
     def _apply(
         self, claim: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], label: str
@@ -257,10 +253,7 @@ class ClaimStatusWriter:
                 return
             # A version that is not served: 404 not naming the claim (some servers answer 405).
             unserved = status == 405 or (status == 404 and not self._about_claim(data, name))
-            if unserved and len(versions) > 1:
-                with self._lock:
-                    if version in self._versions and len(self._versions) > 1:
-                        self._versions.remove(version)
+            if unserved and len(versions) > 1 and self._versions.not_served(version):
                 continue
             raise ClaimStatusError(label, status, self._message(data) or reason)
         raise ClaimStatusError(label, 404, "the API server serves no resource.k8s.io version")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from agent.apiversions import CLAIM_API_VERSIONS, ServedVersions
 from agent.checkpoint import ClaimRecord
 from agent.claims import (
     Claim,
@@ -35,7 +36,7 @@ from agent.claims import (
     check_uid,
     parse_claim,
 )
-from agent.claimstatus import CLAIM_API_VERSIONS, ClaimStatusWriter, NicStatus
+from agent.claimstatus import ClaimStatusWriter, NicStatus
 from agent.failpoints import Failpoints, Point, hit
 from agent.kubehttp import KubeAPIError, as_kubehttp
 from agent.metrics import Metrics
@@ -84,11 +85,10 @@ class APIClaimSource:
         self._http = self.api_client
         #: Well under the kubelet's 45 s call deadline, so the claim still gets its own answer.
         self.timeout_s = timeout_s
-        self._versions = list(versions)
-        self._lock = threading.Lock()
+        self._versions = ServedVersions(versions)
 
     def get(self, ref: ClaimRef) -> Mapping[str, Any]:
-        for version in list(self._versions):
+        for version in self._versions.candidates():
             path = (
                 f"/apis/resource.k8s.io/{version}/namespaces/{ref.namespace}"
                 f"/resourceclaims/{ref.name}"
@@ -107,10 +107,7 @@ class APIClaimSource:
             error = resp.error()
             if resp.status == 404 and error.about("resourceclaims", ref.name):
                 raise ClaimNotFoundError(str(ref), "not found in the API server (deleted?)")
-            if resp.status == 404 and len(self._versions) > 1:
-                with self._lock:
-                    if version in self._versions and len(self._versions) > 1:
-                        self._versions.remove(version)
+            if resp.status == 404 and self._versions.not_served(version):
                 continue
             raise ClaimFetchError(
                 str(ref), f"GET from the API server failed: {resp.status} {resp.reason}"
