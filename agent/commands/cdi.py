@@ -8,7 +8,6 @@ every device also carries ``DRA_AGENT_DEVICE_<NAME>_*`` env entries saying what 
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -146,12 +145,11 @@ def generate(
     **kwargs: Any,
 ) -> None:
     """Print a CDI spec for the devices of this node (all when none is named)."""
-    from agent.commands.discover import run_discovery
+    from agent.commands.discover import discover_for_command
     from agent.logs import setup_logging
     from cdi.edits import EditsProvider
     from cdi.errors import CDINameError
     from cdi.names import validate_kind
-    from discovery.simulate import ProfileError
 
     cfg = pop_config(kwargs)
     setup_logging(cfg.log_format, cfg.verbosity)
@@ -160,13 +158,7 @@ def generate(
         validate_kind(kind)
     except CDINameError as err:
         raise click.UsageError(str(err)) from err
-    with tempfile.TemporaryDirectory(prefix="dra-agent-sim-") as tmp:
-        try:
-            inventory = run_discovery(cfg, Path(tmp))
-        except ProfileError as err:
-            raise click.UsageError(str(err)) from err
-    for warning in inventory.warnings:
-        click.echo(f"warning: {warning}", err=True)
+    inventory = discover_for_command(cfg)
     provider = EditsProvider(
         driver_root,
         dev_root,

@@ -37,19 +37,34 @@ def slice_objects(
     return objects
 
 
-def run_discovery(cfg: Config, workdir: Path | None = None) -> Inventory:
-    """Discover with the configured sources; returns the Inventory."""
+def run_discovery(cfg: Config) -> Inventory:
+    """Discover once with the configured sources (a throw-away tree for ``--simulate``).
+
+    Raises ``discovery.simulate.ProfileError`` for an unknown profile.
+    """
     from discovery.host import host_sources
     from discovery.scan import DiscoveryOptions, discover
-    from discovery.simulate import simulated_sources
+    from discovery.simulate import scratch_dir, simulated_sources
 
     options = DiscoveryOptions(device_types=cfg.device_types)
-    if cfg.simulate:
-        assert workdir is not None
-        sources = simulated_sources(cfg.simulate, workdir)
-    else:
-        sources = host_sources(sysfs_root=cfg.sysfs_root)
-    return discover(sources, options)
+    if not cfg.simulate:
+        return discover(host_sources(sysfs_root=cfg.sysfs_root), options)
+    with scratch_dir() as tmp:
+        return discover(simulated_sources(cfg.simulate, Path(tmp)), options)
+
+
+def discover_for_command(cfg: Config) -> Inventory:
+    """``run_discovery`` for a command: a bad profile is a usage error (exit 2), and the
+    sources that could not be read are warned about on stderr."""
+    from discovery.simulate import ProfileError
+
+    try:
+        inventory = run_discovery(cfg)
+    except ProfileError as err:
+        raise click.UsageError(str(err)) from err
+    for warning in inventory.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    return inventory
 
 
 @click.command()
@@ -64,17 +79,10 @@ def command(output: str, topology: bool, **kwargs: Any) -> None:
     from discovery.report import table
     from discovery.report import topology as topology_view
     from discovery.scan import SYSFS_UNREADABLE
-    from discovery.simulate import ProfileError, scratch_dir
 
     cfg = pop_config(kwargs)
     setup_logging(cfg.log_format, cfg.verbosity)
-    with scratch_dir() as tmp:
-        try:
-            inventory = run_discovery(cfg, Path(tmp))
-        except ProfileError as err:
-            raise click.UsageError(str(err)) from err
-    for warning in inventory.warnings:
-        click.echo(f"warning: {warning}", err=True)
+    inventory = discover_for_command(cfg)
     if topology:
         click.echo(topology_view(inventory, cfg.node_name))
     elif output in ("json", "yaml"):

@@ -4,8 +4,6 @@ API server (read-only GETs of resource.k8s.io/v1)."""
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from agent.config import Config
@@ -23,11 +21,10 @@ def slices_from_discovery(cfg: Config) -> list[dict[str, Any]]:
         from discovery.simulate import ProfileError
     except ImportError as err:  # discovery not installed in this build
         raise InputError("--slices from-discovery", f"discovery is unavailable: {err}") from err
-    with tempfile.TemporaryDirectory(prefix="dra-agent-explain-") as tmp:
-        try:
-            inventory = run_discovery(cfg, Path(tmp))
-        except ProfileError as err:
-            raise InputError("--simulate", str(err)) from err
+    try:
+        inventory = run_discovery(cfg)
+    except ProfileError as err:
+        raise InputError("--simulate", str(err)) from err
     resources = build_resources(inventory, cfg.node_name)
     return slice_objects(resources, cfg.driver_name, cfg.node_name)
 
