@@ -6,7 +6,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from agent.health import HealthOptions
 from discovery.simulate import FakeNvml
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.kubelet import KubeletStandIn
+from tests.waiting import wait_for
 
 DRIVER = "dra-agent.io"
 NODE = "node-h"
@@ -51,15 +52,6 @@ def device_taints(srv: FakeAPIServer, name: str) -> list[dict[str, Any]]:
             if d["name"] == name:
                 return list(d.get("taints", []))
     raise AssertionError(f"device {name} not published")
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_xid_taints_the_gpu_and_recovery_clears_it(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from discovery.model import Inventory
 from discovery.scan import DiscoveryOptions, discover
 from discovery.simulate import FakeNvml, simulated_sources
 from discovery.sources import Sources
+from tests.waiting import wait_for as _wait
 
 
 class FakeEvents:
@@ -49,13 +49,6 @@ class FakeEvents:
 
     def close(self) -> None:
         self.closed = True
-
-
-def _wait(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
 
 
 class Harness:

@@ -26,6 +26,7 @@ import yaml
 
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.kubelet import ClaimRef, KubeletStandIn, PrepareResult, Registration
+from tests.waiting import wait_for as poll
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "dra-agent.io"
@@ -44,16 +45,9 @@ def free_port() -> int:
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 10.0,
-              interval: float = 0.02) -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+             interval: float = 0.02) -> Any:
+    """``tests.waiting.wait_for`` with the condition's name first, as the e2e tests read."""
+    return poll(check, timeout=timeout, what=what, interval=interval)
 
 
 def device_classes() -> list[dict[str, Any]]:

@@ -12,7 +12,8 @@ import pytest
 from agent.health import DeviceHealth, HealthMonitor, HealthOptions, HealthState
 from agent.metrics import Metrics
 from discovery.hotplug import DeviceEvent
-from tests.health.conftest import Node, wait_for
+from tests.health.conftest import Node
+from tests.waiting import wait_for
 
 OPTIONS = HealthOptions(quiet_period_s=0.2, min_publish_interval_s=0.05, nic_poll_s=0.02,
                         gpu_wait_ms=20, gpu_poll_s=0.1)

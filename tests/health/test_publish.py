@@ -12,8 +12,9 @@ import pytest
 from agent.health import HealthOptions, HealthState, Kind
 from agent.slices import DroppedFieldsError
 from tests.fakes.apiserver import FakeAPIServer
-from tests.health.conftest import Node, wait_for
+from tests.health.conftest import Node
 from tests.health.wiring import DRIVER, Wiring, node_object, published_taints, settled_writes
+from tests.waiting import wait_for
 
 QUIET = 0.3
 OPTIONS = HealthOptions(quiet_period_s=QUIET, min_publish_interval_s=0.1, nic_poll_s=0.02,

@@ -29,7 +29,8 @@ from agent.plugin import PluginOptions, PluginServer
 from discovery.gpulib import GpuLibraryError
 from protos.drahealth.v1alpha1 import api_pb2 as pb
 from tests.fakes.kubelet import HealthStream, KubeletStandIn
-from tests.health.conftest import Node, wait_for
+from tests.health.conftest import Node
+from tests.waiting import wait_for
 
 DRIVER = "dra-agent.io"
 POOL = "node1"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from pathlib import Path
 
 import grpc
@@ -21,13 +20,7 @@ from agent.plugin.sockets import (
 from protos.pluginregistration import api_pb2, api_pb2_grpc
 from tests.fakes.kubelet import KubeletStandIn
 from tests.plugin.conftest import DRIVER, build_node
-
-
-def wait_for(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
+from tests.waiting import wait_for
 
 
 def test_refused_registration_recreates_the_socket(short_root: Path) -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,17 +17,6 @@ from tests.slices.helpers import DRIVER, NODE, node
 #: Short delays so the suite stays fast; the daemon's defaults are longer.
 FAST = Timing(event_delay_s=0.05, backoff_initial_s=0.05, backoff_max_s=0.5, watch_timeout_s=30)
 WRITE_VERBS = ("create", "update", "patch", "delete")
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def our_slices(srv: FakeAPIServer, version: str = "v1") -> list[dict[str, Any]]:

@@ -17,8 +17,9 @@ from agent.slices import (
 )
 from discovery.model import Pool, Slice
 from tests.fakes.apiserver import FakeAPIServer
-from tests.slices.conftest import Harness, our_slices, slice_threads, wait_for, writes
+from tests.slices.conftest import Harness, our_slices, slice_threads, writes
 from tests.slices.helpers import DRIVER, NODE, device, devices, pool_of, resources
+from tests.waiting import wait_for
 
 
 def wipe(srv: FakeAPIServer, node_name: str = NODE) -> None:

@@ -9,8 +9,9 @@ from kubernetes import client as k8s
 
 from agent.slices import Owner
 from tests.fakes.apiserver import FakeAPIServer
-from tests.slices.conftest import Harness, our_slices, wait_for, writes
+from tests.slices.conftest import Harness, our_slices, writes
 from tests.slices.helpers import NODE, node, pool_of, resources
+from tests.waiting import wait_for
 
 
 def owner_uids(srv: FakeAPIServer) -> set[str]:
