@@ -6,6 +6,7 @@ A claim (or class) passes it as ``opaque: {driver: <our driver>, parameters: {..
     kind: DeviceConfig
     env:                      # extra environment for the containers using these devices
       NCCL_DEBUG: INFO
+    denyEnv: ["NCCL_*"]       # DeviceClass configs only: names (or PREFIX*) no claim may set
     netdev:                   # NICs and VFs only; other devices ignore it
       move: true              # move the host interface into the pod (CDI 1.1.0 netDevices)
       interfaceName: net1     # its name inside the pod (default: its host name)
@@ -21,6 +22,15 @@ leaving the user wondering why the setting had no effect.
 
 Configs merge in precedence order (class configs, then claim configs): ``env`` key by key,
 ``netdev`` field by field, so a class can turn the move on and a claim pick the name.
+
+Environment is a privilege boundary: the container runtime reads some variables as orders
+(nvidia-container-runtime honours ``NVIDIA_VISIBLE_DEVICES``, ``ld.so`` honours ``LD_PRELOAD``),
+and anyone who may create a ResourceClaim writes its opaque config. So names are checked
+strictly (a C identifier, nothing else), and a deny list (``DENIED_ENV_PREFIXES``, less the
+harmless ``ALLOWED_ENV``) applies to every config, class or claim. A DeviceClass config may deny
+more (``denyEnv``); nothing a claim says can allow a denied name. The agent's own variables
+are added after the configs' (agent.prepare.cdispecs), so they win even against a name that
+got past this list.
 """
 
 from __future__ import annotations
@@ -34,11 +44,25 @@ GROUP = "dra-agent.io"
 KIND = "DeviceConfig"
 #: Versions this agent decodes; a newer one is refused with a message naming what we know.
 VERSIONS = ("v1alpha1",)
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# ASCII only and matched whole: ``$`` would accept a trailing newline, ``\w`` non-ASCII.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _MAX_ENV = 64
+_MAX_ENV_NAME = 256
+_MAX_ENV_VALUE = 32 * 1024
+#: Names no opaque config may set: the runtime's device selection and driver capabilities
+#: (``NVIDIA_VISIBLE_DEVICES=all`` hands out every GPU where nvidia-container-runtime honours
+#: it), CUDA's (MPS limits of a shared GPU are the agent's to set), the dynamic loader's, and
+#: the agent's own ``DRA_AGENT_*`` device description.
+DENIED_ENV_PREFIXES = ("NVIDIA_", "CUDA_", "LD_", "DRA_AGENT_")
+#: ``CUDA_`` variables that only tune the program itself and grant nothing.
+ALLOWED_ENV = frozenset({
+    "CUDA_CACHE_DISABLE", "CUDA_CACHE_MAXSIZE", "CUDA_CACHE_PATH", "CUDA_DEVICE_MAX_CONNECTIONS",
+    "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING", "CUDA_MODULE_LOADING",
+})
+_MAX_DENY = 64
 #: Linux ``dev_valid_name``: 1-15 bytes (IFNAMSIZ - 1), no '/', ':' or whitespace, not . or ..
 _IFNAME = re.compile(r"^[^/:\s]{1,15}$")
-_TOP_FIELDS = ("apiVersion", "kind", "env", "netdev")
+_TOP_FIELDS = ("apiVersion", "kind", "env", "denyEnv", "netdev")
 _NETDEV_FIELDS = ("move", "interfaceName")
 
 
@@ -68,6 +92,8 @@ class NetdevConfig:
 class DeviceConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     netdev: NetdevConfig = field(default_factory=NetdevConfig)
+    #: Extra denied names (``PREFIX*`` for a prefix), from DeviceClass configs only.
+    deny_env: tuple[str, ...] = ()
 
     @property
     def move_netdev(self) -> bool:
@@ -79,15 +105,34 @@ class DeviceConfig:
         return self.netdev.interface_name if self.move_netdev else None
 
     def merged(self, later: DeviceConfig) -> DeviceConfig:
-        """``later`` wins key by key (class config first, then claim config)."""
-        return DeviceConfig(env={**self.env, **later.env}, netdev=self.netdev.merged(later.netdev))
+        """``later`` wins key by key (class config first, then claim config); deny lists add up."""
+        return DeviceConfig(
+            env={**self.env, **later.env},
+            netdev=self.netdev.merged(later.netdev),
+            deny_env=(*self.deny_env, *(d for d in later.deny_env if d not in self.deny_env)),
+        )
+
+
+def env_denied(name: str, deny: Iterable[str] = ()) -> str | None:
+    """Why ``name`` may not be set by an opaque config, or None when it may."""
+    for pattern in deny:
+        if name == pattern or (pattern.endswith("*") and name.startswith(pattern[:-1])):
+            return f"denied by the DeviceClass config (denyEnv {pattern!r})"
+    if name in ALLOWED_ENV:
+        return None
+    for prefix in DENIED_ENV_PREFIXES:
+        if name.startswith(prefix):
+            return (f"{prefix}* variables are set by the node's driver and the container "
+                    "runtime, never by a claim or class config")
+    return None
 
 
 def valid_interface_name(name: str) -> bool:
     return bool(_IFNAME.fullmatch(name)) and name not in (".", "..") and len(name.encode()) <= 15
 
 
-def decode_config(params: Any) -> DeviceConfig:
+def decode_config(params: Any, *, from_class: bool = False) -> DeviceConfig:
+    """One config's parameters; ``from_class``: it comes from a DeviceClass (may set denyEnv)."""
     if not isinstance(params, Mapping):
         raise ConfigDecodeError("parameters", "must be an object")
     api_version = params.get("apiVersion")
@@ -101,10 +146,30 @@ def decode_config(params: Any) -> DeviceConfig:
     unknown = sorted(str(k) for k in set(params) - set(_TOP_FIELDS))
     if unknown:
         raise ConfigDecodeError(unknown[0], f"unknown field (known: {', '.join(_TOP_FIELDS)})")
-    return DeviceConfig(env=_decode_env(params.get("env")), netdev=_decode_netdev(params))
+    deny = _decode_deny(params.get("denyEnv"), from_class)
+    return DeviceConfig(env=_decode_env(params.get("env"), deny), netdev=_decode_netdev(params),
+                        deny_env=deny)
 
 
-def _decode_env(env: Any) -> dict[str, str]:
+def _decode_deny(raw: Any, from_class: bool) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not from_class:
+        raise ConfigDecodeError(
+            "denyEnv", "may only be set in a DeviceClass config, not in a claim's")
+    if not isinstance(raw, list) or len(raw) > _MAX_DENY:
+        raise ConfigDecodeError("denyEnv", f"must be a list of at most {_MAX_DENY} names")
+    out: list[str] = []
+    for i, entry in enumerate(raw):
+        name = entry[:-1] if isinstance(entry, str) and entry.endswith("*") else entry
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise ConfigDecodeError(
+                f"denyEnv[{i}]", f"{entry!r} is not a variable name or NAME_PREFIX*")
+        out.append(entry)
+    return tuple(out)
+
+
+def _decode_env(env: Any, deny: Iterable[str] = ()) -> dict[str, str]:
     env = env or {}
     if not isinstance(env, Mapping):
         raise ConfigDecodeError("env", "must be a map of variable name to string value")
@@ -112,10 +177,20 @@ def _decode_env(env: Any) -> dict[str, str]:
         raise ConfigDecodeError("env", f"at most {_MAX_ENV} variables")
     out: dict[str, str] = {}
     for name, value in env.items():
-        if not isinstance(name, str) or not _ENV_NAME.match(name):
-            raise ConfigDecodeError(f"env.{name}", "not a valid environment variable name")
+        if (not isinstance(name, str) or len(name) > _MAX_ENV_NAME
+                or not _ENV_NAME.fullmatch(name)):
+            # A name with a newline or NUL is shown quoted: the log line stays one line.
+            shown = name if isinstance(name, str) and name.isprintable() and name else repr(name)
+            raise ConfigDecodeError(
+                f"env.{shown}", "not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        why = env_denied(name, deny)
+        if why is not None:
+            raise ConfigDecodeError(f"env.{name}", why)
         if not isinstance(value, str):
             raise ConfigDecodeError(f"env.{name}", f"value must be a string, not {value!r}")
+        if "\0" in value or len(value) > _MAX_ENV_VALUE:
+            raise ConfigDecodeError(
+                f"env.{name}", f"value must be at most {_MAX_ENV_VALUE} characters, without NUL")
         out[name] = value
     return out
 
@@ -148,9 +223,25 @@ def _decode_netdev(params: Mapping[str, Any]) -> NetdevConfig:
     return NetdevConfig(move=move, interface_name=name)
 
 
-def merge_configs(params: Iterable[Any]) -> DeviceConfig:
-    """Decode parameters in precedence order (lowest first) and merge them."""
+def merge_configs(params: Iterable[Any], class_params: Iterable[Any] = ()) -> DeviceConfig:
+    """Decode DeviceClass parameters, then claim parameters, each in precedence order (lowest
+    first), and merge them. Every class's ``denyEnv`` applies to every config, the class's own
+    included, so a claim config can never set what any class denies."""
+    classes = [decode_config(p, from_class=True) for p in class_params]
+    deny = tuple(d for c in classes for d in c.deny_env)
     result = DeviceConfig()
+    for config in classes:
+        _check_denied(config, deny)
+        result = result.merged(config)
     for p in params:
-        result = result.merged(decode_config(p))
+        config = decode_config(p)
+        _check_denied(config, deny)
+        result = result.merged(config)
     return result
+
+
+def _check_denied(config: DeviceConfig, deny: tuple[str, ...]) -> None:
+    for name in config.env:
+        why = env_denied(name, deny)
+        if why is not None:
+            raise ConfigDecodeError(f"env.{name}", why)

@@ -89,10 +89,16 @@ class CDIClaimSpecs:
             )
             # A node both lists (e.g. /dev/kfd) is injected once, from the spec-level edits.
             edits = hardware.without(common).merge(ContainerEdits(env=item.env))
+            # Every variable of the agent's own (the claim's, and guards such as
+            # NVIDIA_VISIBLE_DEVICES=void) comes last in each device's edits: CDI applies
+            # device edits after spec-level ones and a later name replaces an earlier one, so
+            # no config's env listed before them can change them.
+            edits = edits.merge(ContainerEdits(env=(*env, *common.env)))
             cdi_devices.append(CDIDevice(name=f"{claim.uid}-{item.device.name}",
                                          container_edits=edits))
-        return Spec(kind=self.kind, devices=tuple(cdi_devices),
-                    container_edits=common.merge(ContainerEdits(env=tuple(env))))
+        spec_edits = ContainerEdits(device_nodes=common.device_nodes, mounts=common.mounts,
+                                    hooks=common.hooks, net_devices=common.net_devices)
+        return Spec(kind=self.kind, devices=tuple(cdi_devices), container_edits=spec_edits)
 
     def write(self, claim: ClaimRef, devices: Sequence[SpecDevice], env: Sequence[str]) -> Path:
         spec = self.build(claim, devices, env)

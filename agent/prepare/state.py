@@ -299,7 +299,11 @@ class DevicePreparer:
                 "removed, so delete and re-create the claim",
             )
         try:
-            config = merge_configs(c.parameters for c in claim.configs_for(self.driver, result))
+            configs = claim.configs_for(self.driver, result)
+            config = merge_configs(
+                (c.parameters for c in configs if c.source != "FromClass"),
+                class_params=(c.parameters for c in configs if c.source == "FromClass"),
+            )
         except ConfigDecodeError as err:
             raise BadConfigError(
                 str(ref), f"opaque config for request {result.base_request}: {err}"
@@ -321,14 +325,15 @@ class DevicePreparer:
         self, result: AllocatedDevice, device: Device, config: DeviceConfig
     ) -> tuple[str, ...]:
         key = f"DRA_AGENT_DEVICE_{env_key(device.name)}"
-        env = [f"{key}={result.pool}/{device.name}", f"{key}_REQUEST={result.base_request}"]
+        # The configs' env first, the agent's after it (its values win on a shared name).
+        env = [f"{k}={v}" for k, v in config.env.items()]
+        env += [f"{key}={result.pool}/{device.name}", f"{key}_REQUEST={result.base_request}"]
         if device.host.pci_address:
             env.append(f"{key}_PCI_ADDRESS={device.host.pci_address}")
         if result.admin_access:
             env.append(f"{key}_ADMIN_ACCESS=true")
         if result.share_id:
             env.append(f"{key}_SHARE_ID={result.share_id}")
-        env += [f"{k}={v}" for k, v in config.env.items()]
         return tuple(env)
 
     def _prepared(self, ref: ClaimRef, result: AllocatedDevice) -> PreparedDevice:

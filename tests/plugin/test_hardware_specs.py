@@ -83,7 +83,11 @@ def test_gpu_claim_spec_carries_control_nodes_and_driver_libraries(
                       "/dev/nvidia-modeset"]  # fmt: skip
     assert [n["path"] for n in doc["devices"][0]["containerEdits"]["deviceNodes"]] == [
         "/dev/nvidia0"]
-    assert f"DRA_AGENT_CLAIM_UID={claim.ref.uid}" in doc["containerEdits"]["env"]
+    # The agent's variables sit at the end of each device's edits, none at spec level.
+    assert "env" not in doc["containerEdits"]
+    device_env = doc["devices"][0]["containerEdits"]["env"]
+    assert device_env[-2:] == [f"DRA_AGENT_NODE={p.node_name}", "NVIDIA_VISIBLE_DEVICES=void"]
+    assert f"DRA_AGENT_CLAIM_UID={claim.ref.uid}" in device_env
 
     run(cdi_check_bin, "validate", str(p.specs.path(claim.ref.uid)))
     oci = run(cdi_check_bin, "inject", str(tmp_path / "cdi"), *record.devices[0].cdi_ids)
