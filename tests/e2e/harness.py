@@ -149,6 +149,7 @@ class AgentProcess:
         profile: str = "dgx-h100",
         name: str = "agent",
         wrap: Sequence[str] = (),
+        node: str = NODE,
     ) -> None:
         self.dirs = dirs
         self.port = free_port()
@@ -157,7 +158,7 @@ class AgentProcess:
             dirs.set_boot_id("boot-1")
         self.args = [
             *wrap, sys.executable, "-m", "agent.cli", "run", "--simulate", profile,
-            "--node-name", NODE, "--kubeconfig", kubeconfig,
+            "--node-name", node, "--kubeconfig", kubeconfig,
             "--kubelet-dir", str(dirs.kubelet), "--cdi-dir", str(dirs.cdi),
             "--metrics-address", f"127.0.0.1:{self.port}",
             "--boot-id-file", str(dirs.boot_id), "--shutdown-grace", "2", *extra,
