@@ -171,14 +171,20 @@ def test_rbac_is_exactly_what_the_agent_does(rendered: dict[str, list[Obj]]) -> 
         for r in rules for group in r["apiGroups"] for resource in r["resources"]
         for verb in r["verbs"]
     }
-    slice_verbs = ["get", "list", "watch", "create", "update", "patch", "delete",
-                   "deletecollection"]
+    # Exactly the requests agent/slices/api.py and agent/claimstatus.py send; that these are
+    # also enough is proven against a real server (tests/realk8s/test_daemonset_identity.py).
+    slice_verbs = ["get", "list", "watch", "create", "update", "delete"]
     expected = {("resource.k8s.io", "resourceslices", v) for v in slice_verbs}
     expected |= {("resource.k8s.io", "resourceclaims", "get")}
-    expected |= {("resource.k8s.io", "resourceclaims/status", v) for v in ("update", "patch")}
+    expected |= {("resource.k8s.io", "resourceclaims/status", "patch")}
+    expected |= {("resource.k8s.io", "resourceclaims/driver", "associated-node:patch")}
     expected |= {("", "nodes", "get")}
     assert granted == expected
-    assert not any("resourceNames" in r or "nonResourceURLs" in r for r in rules)
+    assert not any("nonResourceURLs" in r for r in rules)
+    # The per-driver rule names our driver, and only it.
+    (driver_rule,) = [r for r in rules if "resourceNames" in r]
+    assert driver_rule["resources"] == ["resourceclaims/driver"]
+    assert driver_rule["resourceNames"] == [Config().driver_name]
 
 
 # --- the DaemonSet and the agent agree -------------------------------------------------------
