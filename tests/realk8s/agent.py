@@ -72,7 +72,11 @@ def allocate(cluster: RealCluster, claim: Mapping[str, Any], node: str,
     from agent.explain import explain
 
     slices = [s for s in cluster.slices(node) if s["spec"]["driver"] == DRIVER]
-    result = explain(dict(claim), device_classes(), slices, node)
+    listed = cluster.admin.request("GET", f"{RESOURCE}/v1/resourceclaims")
+    listed.raise_for_status()
+    others = [c for c in listed.json()["items"] if (c.get("status") or {}).get("allocation")
+              and c["metadata"]["uid"] != claim["metadata"]["uid"]]
+    result = explain(dict(claim), device_classes(), slices, node, allocated=others)
     assert result.fits and result.allocation, result.to_dict()
     meta = claim["metadata"]
     reserved = {"resource": "pods", "name": f"{meta['name']}-pod", "uid": str(uuid.uuid4())}

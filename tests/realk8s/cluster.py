@@ -64,9 +64,13 @@ class RealCluster:
     minor: str
     admin: KubeHTTP = field(init=False)
     env: dict[str, str] = field(init=False)
+    #: The newest resource.k8s.io version this server serves (what the helpers read at).
+    resource_version: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.env = read_env(self.dir / "cluster.env")
+        served = self.env.get("RESOURCE_VERSIONS", "v1").split(",")
+        self.resource_version = next(v for v in ("v1", "v1beta2", "v1beta1") if v in served)
         client = api_client(str(self.admin_kubeconfig))
         assert client is not None
         self.admin = client
@@ -186,7 +190,9 @@ class RealCluster:
         return self.create({"apiVersion": "v1", "kind": "Node", "metadata": {
             "name": name, "labels": {"kubernetes.io/hostname": name}}})
 
-    def slices(self, node: str | None = None, version: str = "v1") -> list[dict[str, Any]]:
+    def slices(self, node: str | None = None, version: str | None = None
+               ) -> list[dict[str, Any]]:
+        version = version or self.resource_version
         query = {"fieldSelector": f"spec.nodeName={node}"} if node else None
         resp = self.admin.request("GET", f"{RESOURCE}/{version}/resourceslices", query=query)
         resp.raise_for_status()

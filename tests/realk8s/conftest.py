@@ -57,6 +57,9 @@ def cluster(minor: str, cluster_root: Path) -> Iterator[RealCluster]:
     real = RealCluster.up(cluster_root / "main", minor)
     try:
         real.apply_deploy("base")
+        # No controller-manager runs: make the ServiceAccount it would make for test pods.
+        real.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                     "metadata": {"name": "default", "namespace": "default"}})
         yield real
     finally:
         real.down()
