@@ -1,0 +1,124 @@
+"""Every kind of slice the agent can publish, checked by the real server's validation
+(``dryRun=All`` create as an admin: nothing is stored, every rule runs).
+
+Where a server drops a field because its feature gate is off (1.35: DRADeviceTaints and
+DRAPartitionableDevices are alpha), the agent's own dropped-field check must see exactly that
+and name the gate, which is how it adapts (it takes the stored form as in sync, warns once,
+and never rewrites in a loop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from agent.commands.discover import run_discovery
+from agent.config import Config
+from agent.slices import Owner
+from agent.slices.compare import dropped_fields, likely_gates
+from agent.slices.render import render_slices
+from discovery.model import Device, DeviceType, DriverResources, HostInfo, Inventory, Pool, Slice
+from discovery.model import Taint
+from discovery.pools import MAX_DEVICES, build_resources
+from tests.e2e.harness import DRIVER
+from tests.realk8s.cluster import RealCluster, status_text
+
+#: What each minor's default feature gates drop from a slice (kube_features.go of each).
+DROPPED_BY_DEFAULT = {
+    "1.37": set(),
+    "1.35": {"DRADeviceTaints", "DRAPartitionableDevices"},
+}
+
+
+def check(cluster: RealCluster, node: str, objects: list[dict[str, Any]]) -> list[str]:
+    """Create each slice with dryRun=All; every one must be accepted. Returns the gates the
+    agent's check names for what the server dropped."""
+    gates: list[str] = []
+    uid = cluster.get(f"/api/v1/nodes/{node}")["metadata"]["uid"]  # type: ignore[index]
+    for obj in objects:
+        for owner in obj["metadata"].get("ownerReferences", []):
+            owner["uid"] = uid
+        resp = cluster.create_response(obj, query={"dryRun": "All"})
+        assert resp.status == 201, f"{status_text(resp)}\n{str(obj)[:2000]}"
+        stored = resp.json()
+        for gate in likely_gates(dropped_fields(obj["spec"], stored["spec"])):
+            if gate not in gates:
+                gates.append(gate)
+        paths = dropped_fields(obj["spec"], stored["spec"])
+        assert not paths or likely_gates(paths), f"dropped without a known gate: {paths}"
+    return gates
+
+
+def simulated(profile: str, node: str) -> list[dict[str, Any]]:
+    inventory = run_discovery(Config(simulate=profile, node_name=node))
+    return render_slices(DRIVER, Owner(name=node), build_resources(inventory, node))
+
+
+@pytest.mark.parametrize("profile", ["dgx-h100", "dgx-a100-mig", "sriov-nic", "empty"])
+def test_every_simulated_profile_is_accepted(
+    cluster: RealCluster, node: str, profile: str
+) -> None:
+    objects = simulated(profile, node)
+    assert objects
+    assert check(cluster, node, objects) == []
+
+
+def test_taints_with_every_effect_are_accepted(
+    cluster: RealCluster, node: str, minor: str
+) -> None:
+    inventory = run_discovery(Config(simulate="dgx-h100", node_name=node))
+    effects = ["NoSchedule", "NoExecute", "None"]
+    devices = tuple(
+        replace(d, taints=(Taint(f"{DRIVER}/xid", effects[i % 3], "79"),
+                           Taint(f"{DRIVER}/ecc", effects[(i + 1) % 3])))
+        for i, d in enumerate(inventory.devices))
+    objects = render_slices(DRIVER, Owner(name=node),
+                            build_resources(Inventory(devices=devices), node))
+    gates = check(cluster, node, objects)
+    assert set(gates) == DROPPED_BY_DEFAULT[minor] & {"DRADeviceTaints"}
+
+
+def many_gpus(count: int) -> Inventory:
+    return Inventory(devices=tuple(
+        Device(f"gpu-{i}", DeviceType.GPU,
+               {"type": "gpu", "index": i, "uuid": f"GPU-{i:08x}", "productName": "NVIDIA H100"},
+               {"memory": "80Gi"}, HostInfo(pci_address=f"0000:{i // 256:02x}:{i % 256:02x}.0"))
+        for i in range(count)))
+
+
+def test_a_2048_device_pool_is_split_into_valid_slices(cluster: RealCluster, node: str) -> None:
+    objects = render_slices(DRIVER, Owner(name=node), build_resources(many_gpus(2048), node))
+    assert len(objects) == 2048 // MAX_DEVICES
+    assert {o["spec"]["pool"]["resourceSliceCount"] for o in objects} == {len(objects)}
+    assert check(cluster, node, objects) == []
+    # One device more than a slice may hold is refused by the real server: the limit the
+    # splitter keeps to is the server's.
+    (one,) = render_slices(DRIVER, Owner(name=node), DriverResources(pools={node: Pool(
+        slices=(Slice(devices=tuple(d.to_api() for d in many_gpus(MAX_DEVICES + 1).devices)),))}))
+    uid = cluster.get(f"/api/v1/nodes/{node}")["metadata"]["uid"]  # type: ignore[index]
+    one["metadata"]["ownerReferences"][0]["uid"] = uid
+    resp = cluster.create_response(one, query={"dryRun": "All"})
+    assert resp.status == 422, status_text(resp)
+    assert "spec.devices" in resp.json()["message"]
+
+
+def test_shared_counters_are_accepted_or_named(
+    cluster: RealCluster, node: str, minor: str
+) -> None:
+    """A partitionable GPU as the model can carry it (DRAPartitionableDevices): counters in
+    the slice, devices consuming them."""
+    counters = {"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"},
+                                                        "slices": {"value": "7"}}}
+    devices = tuple(
+        {"name": f"gpu-0-mig-{i}", "attributes": {"type": {"string": "mig"}},
+         "capacity": {"memory": {"value": "10Gi"}},
+         "consumesCounters": [{"counterSet": "gpu-0-counters", "counters": {
+             "memory": {"value": "10Gi"}, "slices": {"value": "1"}}}]}
+        for i in range(7))
+    resources = DriverResources(pools={node: Pool(slices=(
+        Slice(devices=devices, shared_counters=(counters,)),))})
+    objects = render_slices(DRIVER, Owner(name=node), resources)
+    gates = check(cluster, node, objects)
+    assert set(gates) == DROPPED_BY_DEFAULT[minor] & {"DRAPartitionableDevices"}
