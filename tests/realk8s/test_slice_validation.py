@@ -19,8 +19,16 @@ from agent.config import Config
 from agent.slices import Owner
 from agent.slices.compare import dropped_fields, likely_gates
 from agent.slices.render import render_slices
-from discovery.model import Device, DeviceType, DriverResources, HostInfo, Inventory, Pool, Slice
-from discovery.model import Taint
+from discovery.model import (
+    Device,
+    DeviceType,
+    DriverResources,
+    HostInfo,
+    Inventory,
+    Pool,
+    Slice,
+    Taint,
+)
 from discovery.pools import MAX_DEVICES, build_resources
 from tests.e2e.harness import DRIVER
 from tests.realk8s.cluster import RealCluster, status_text
