@@ -16,7 +16,7 @@ from discovery.simulate import scratch_dir, simulated_sources
 from discovery.sources import Sources
 from tests.conftest import REPO
 
-SWAGGER = REPO / "tests" / "data" / "k8s-openapi" / "swagger-release-1.36.json"
+OPENAPI_DIR = REPO / "tests" / "data" / "k8s-openapi"
 
 
 @pytest.fixture(scope="session")
@@ -70,11 +70,13 @@ def _strict(node: Any) -> Any:
     return node
 
 
-@pytest.fixture(scope="session")
-def slice_validator() -> Any:
+@pytest.fixture(scope="session", params=["1.35", "1.36", "1.37"])
+def slice_validator(request: pytest.FixtureRequest) -> Any:
+    """The v1 ResourceSlice schema of each supported minor (tests/data/README.md)."""
     import jsonschema
 
-    definitions = _strict(deepcopy(json.loads(SWAGGER.read_text())["definitions"]))
+    path = OPENAPI_DIR / f"swagger-release-{request.param}.json"
+    definitions = _strict(deepcopy(json.loads(path.read_text())["definitions"]))
     schema = {"$ref": "#/definitions/io.k8s.api.resource.v1.ResourceSlice",
               "definitions": definitions}
     return jsonschema.Draft4Validator(schema)

@@ -18,7 +18,15 @@ from typing import Any
 import yaml
 from jsonschema import Draft4Validator
 
-SWAGGER = Path(__file__).resolve().parents[1] / "data" / "k8s-openapi" / "swagger-release-1.36.json"
+OPENAPI_DIR = Path(__file__).resolve().parents[1] / "data" / "k8s-openapi"
+#: The Kubernetes minors whose official OpenAPI documents tests/data holds (README there):
+#: the oldest supported, the one the fake API server copies, and the current one.
+KUBE_VERSIONS = ("1.35", "1.36", "1.37")
+SWAGGER = OPENAPI_DIR / "swagger-release-1.36.json"
+
+
+def swagger(version: str) -> Path:
+    return OPENAPI_DIR / f"swagger-release-{version}.json"
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -1,4 +1,4 @@
-"""deploy/: every document valid against the Kubernetes 1.36 OpenAPI, strictly; every overlay
+"""deploy/: every document valid against the Kubernetes 1.35, 1.36 and 1.37 OpenAPI, strictly; every overlay
 rendered (by kubectl where present, always by tests/ops/kustomize.py) and valid; and the
 objects agree with each other and with the agent's own defaults."""
 
@@ -18,16 +18,17 @@ from agent.config import Config
 from agent.httpserver import parse_address
 from tests.conftest import REPO
 from tests.ops.kustomize import KustomizeError, render
-from tests.ops.openapi import OpenAPI, load_documents
+from tests.ops.openapi import KUBE_VERSIONS, OpenAPI, load_documents, swagger
 
 DEPLOY = REPO / "deploy"
 TARGETS = ["base", "overlays/simulated", "overlays/gpu-node"]
 Obj = dict[str, Any]
 
 
-@pytest.fixture(scope="module")
-def api() -> OpenAPI:
-    return OpenAPI()
+@pytest.fixture(scope="module", params=KUBE_VERSIONS)
+def api(request: pytest.FixtureRequest) -> OpenAPI:
+    """Each supported minor's schema: the manifests must be valid on all of them."""
+    return OpenAPI(swagger(request.param))
 
 
 @pytest.fixture(scope="module")
