@@ -1,6 +1,6 @@
-"""deploy/: every document valid against the Kubernetes 1.35, 1.36 and 1.37 OpenAPI, strictly; every overlay
-rendered (by kubectl where present, always by tests/ops/kustomize.py) and valid; and the
-objects agree with each other and with the agent's own defaults."""
+"""deploy/: every document valid against the Kubernetes 1.35, 1.36 and 1.37 OpenAPI,
+strictly; every overlay rendered (by kubectl where present, always by tests/ops/kustomize.py)
+and valid; and the objects agree with each other and with the agent's own defaults."""
 
 from __future__ import annotations
 
