@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +17,22 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.fakes.apiserver import FakeAPIServer
 
+#: One fixture switch: ``FAKE_APISERVER_TESTS_AGAINST=real`` runs these tests against a real
+#: kube-apiserver (hack/realk8s, minor from REALK8S_VERSION) instead of the fake, so that every
+#: behaviour the fake claims is checked against the real thing (hack/realk8s/test.sh does).
+#: Tests that use the fake's own hooks (``srv``: fault injection, seeding) stay fake-only.
+AGAINST_REAL = os.environ.get("FAKE_APISERVER_TESTS_AGAINST", "fake") == "real"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not AGAINST_REAL:
+        return
+    fake_only = [i for i in items if "srv" in getattr(i, "fixturenames", ())]
+    if fake_only:
+        config.hook.pytest_deselected(items=fake_only)
+        items[:] = [i for i in items if i not in fake_only]
+        print(f"\n{len(fake_only)} tests use the fake's own hooks (srv) and run only against it")
+
 
 @pytest.fixture
 def srv() -> Iterator[FakeAPIServer]:
@@ -19,11 +40,68 @@ def srv() -> Iterator[FakeAPIServer]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def real_cluster() -> Iterator[Any]:
+    """The real kube-apiserver, started once (only with FAKE_APISERVER_TESTS_AGAINST=real)."""
+    from tests.realk8s.cluster import RealCluster, minor_under_test
+
+    root = Path(tempfile.mkdtemp(prefix="fakeparity-"))
+    cluster = RealCluster.up(root / "c", minor_under_test())
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture
-def api_client(srv: FakeAPIServer) -> Iterator[client.ApiClient]:
-    c = srv.api_client()
-    yield c
-    c.close()
+def api_client(request: pytest.FixtureRequest) -> Iterator[client.ApiClient]:
+    if not AGAINST_REAL:
+        c = request.getfixturevalue("srv").api_client()
+        yield c
+        c.close()
+        return
+    from kubernetes import config as kube_config
+
+    real = request.getfixturevalue("real_cluster")
+    c = kube_config.new_client_from_config(str(real.admin_kubeconfig))
+    try:
+        yield c
+    finally:
+        reset_real(c)
+        c.close()
+
+
+SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+
+def reset_real(api_client: client.ApiClient) -> None:
+    """Leave the shared real server as empty as a new fake: the tests' objects gone, their
+    namespaces finalized at once (no namespace controller runs there)."""
+    rapi, core = client.ResourceV1Api(api_client), client.CoreV1Api(api_client)
+    for claim in rapi.list_resource_claim_for_all_namespaces().items:
+        meta = claim.metadata
+        if meta.finalizers:
+            rapi.patch_namespaced_resource_claim(meta.name, meta.namespace,
+                                                 {"metadata": {"finalizers": None}})
+        with contextlib.suppress(ApiException):
+            rapi.delete_namespaced_resource_claim(meta.name, meta.namespace)
+    for slice_ in rapi.list_resource_slice().items:
+        if slice_.metadata.finalizers:
+            rapi.patch_resource_slice(slice_.metadata.name, {"metadata": {"finalizers": None}})
+    rapi.delete_collection_resource_slice()
+    rapi.delete_collection_device_class()
+    for node in core.list_node().items:
+        core.delete_node(node.metadata.name)
+    for ns in core.list_namespace().items:
+        name = ns.metadata.name
+        if name in SYSTEM_NAMESPACES:
+            continue
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(name)
+        with contextlib.suppress(ApiException):
+            core.replace_namespace_finalize(name, {"metadata": {"name": name},
+                                                   "spec": {"finalizers": []}})
 
 
 @pytest.fixture
