@@ -60,11 +60,14 @@ class NicStatus:
 class ClaimStatusError(Exception):
     """One status write failed; carries what an operator needs."""
 
-    def __init__(self, claim: str, status: int, cause: str) -> None:
+    def __init__(self, claim: str, status: int, cause: str, *, forbidden: bool = False) -> None:
         super().__init__(f"claim {claim}: writing status.devices failed: {status} {cause}")
         self.claim = claim
         self.status = status
         self.cause = cause
+        #: Refused for want of permission: a 403, or the 422 with a Forbidden cause on
+        #: status.devices that 1.36+ answers without resourceclaims/driver permission.
+        self.forbidden = forbidden or status == 403
 
 
 def _rfc3339_now() -> str:
@@ -207,7 +210,7 @@ class ClaimStatusWriter:
 
     def _log_failure(self, err: ClaimStatusError, nics: Sequence[NicStatus]) -> None:
         devices = ",".join(n.device for n in nics)
-        if err.status == 403:
+        if err.forbidden:
             with self._lock:
                 first, self._forbidden_logged = not self._forbidden_logged, True
             if not first:
@@ -255,7 +258,8 @@ class ClaimStatusWriter:
             unserved = status == 405 or (status == 404 and not self._about_claim(data, name))
             if unserved and len(versions) > 1 and self._versions.not_served(version):
                 continue
-            raise ClaimStatusError(label, status, self._message(data) or reason)
+            raise ClaimStatusError(label, status, self._message(data) or reason,
+                                   forbidden=self._forbidden_field(status, data))
         raise ClaimStatusError(label, 404, "the API server serves no resource.k8s.io version")
 
     def _patch(self, path: str, body: Mapping[str, Any], label: str) -> tuple[int, str, bytes]:
@@ -277,6 +281,17 @@ class ClaimStatusWriter:
         except ValueError:
             return ""
         return str(status.get("message", "")) if isinstance(status, dict) else ""
+
+    @staticmethod
+    def _forbidden_field(status: int, data: bytes) -> bool:
+        """Since 1.36 a status.devices write without resourceclaims/driver permission is not
+        a 403 but a 422 Invalid whose cause is ``FieldValueForbidden`` on status.devices (the
+        check runs in the strategy's validation, after RBAC let the request in)."""
+        if status != 422:
+            return False
+        causes = parse_status("PATCH", "", status, data).causes
+        return any(c.reason == "FieldValueForbidden" and c.field.startswith("status.devices")
+                   for c in causes)
 
     @staticmethod
     def _about_claim(data: bytes, name: str) -> bool:

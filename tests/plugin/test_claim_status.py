@@ -3,6 +3,7 @@ never failing a prepare."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -217,3 +218,27 @@ def test_report_owed_while_the_api_server_is_down_does_not_fail_the_repeat(
     agent.srv.start()
     assert agent.prepare(claim).ok
     assert [e["device"] for e in status_devices(agent.srv, "net")] == ["nic-0"]
+
+
+#: What kube-apiserver 1.37.2 answered a status.devices apply without resourceclaims/driver
+#: permission (recorded by tests/realk8s/test_daemonset_identity.py): 422, not 403.
+GRANULAR_REFUSAL = json.dumps({
+    "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
+    "message": 'ResourceClaim.resource.k8s.io "nic" is invalid: status.devices: Forbidden: '
+               'changing status.devices requires resource="resourceclaims/driver", ...',
+    "details": {"name": "nic", "group": "resource.k8s.io", "kind": "ResourceClaim", "causes": [
+        {"reason": "FieldValueForbidden", "field": "status.devices",
+         "message": 'Forbidden: changing status.devices requires resource='
+                    '"resourceclaims/driver", verb="[associated-node:patch '
+                    'arbitrary-node:patch]" permission'}]},
+}).encode()
+
+
+def test_granular_status_refusal_counts_as_forbidden() -> None:
+    from agent.claimstatus import ClaimStatusWriter
+
+    assert ClaimStatusWriter._forbidden_field(422, GRANULAR_REFUSAL)
+    other = GRANULAR_REFUSAL.replace(b"FieldValueForbidden", b"FieldValueInvalid")
+    assert not ClaimStatusWriter._forbidden_field(422, other)
+    assert not ClaimStatusWriter._forbidden_field(500, GRANULAR_REFUSAL)
+    assert not ClaimStatusWriter._forbidden_field(422, b"not json")

@@ -4,6 +4,7 @@ ServiceAccount bound to a Pod on the node, as the kubelet projects it."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from tests.e2e.harness import DRIVER, NIC_CLASS, ref
@@ -17,7 +18,7 @@ from tests.realk8s.agent import (
     wait_settled,
 )
 from tests.realk8s.cluster import RESOURCE, RealCluster, status_text
-from tests.realk8s.conftest import StartAgent
+from tests.realk8s.conftest import StartAgent, StartCluster
 from tests.waiting import wait_for
 
 SLICES = f"{RESOURCE}/v1/resourceslices"
@@ -170,3 +171,33 @@ def test_nic_claim_status_is_written(
         DRIVER, allocated["pool"], allocated["device"])
     assert status["networkData"]["interfaceName"]  # type: ignore[index]
     assert "claim status" not in agent.logs() or "forbidden" not in agent.logs().lower()
+
+
+def test_status_write_needs_the_driver_rule_since_1_36(
+    start_cluster: StartCluster, start_agent: StartAgent, kubelet: KubeletStandIn, minor: str
+) -> None:
+    """The rule deploy/base/rbac.yaml lacked: without resourceclaims/driver the same write is
+    refused by 1.36+ (granular status authorization), and still allowed by 1.35."""
+    cluster = start_cluster()
+    cluster.apply_deploy("base")
+    role = json.loads(cluster.kubectl("get", "clusterrole", "dra-agent", "-o", "json").stdout)
+    role["rules"] = [r for r in role["rules"] if r["resources"] != ["resourceclaims/driver"]]
+    replaced = cluster.kubectl("replace", "-f", "-", input=json.dumps(role))
+    assert replaced.returncode == 0, replaced.stderr
+    node = "node-norule"
+    cluster.ensure_node(node)
+    agent = start_agent(cluster.agent_kubeconfig(node), node)
+    wait_settled(cluster, node, agent)
+    claim = allocate(cluster, make_claim(cluster, "nic", [("nic", NIC_CLASS)]), node)
+    result = kubelet.prepare(DRIVER, [ref(claim)])[claim["metadata"]["uid"]]
+    assert result.ok, result.error  # a refused status write never fails the prepare
+    path = f"{RESOURCE}/v1/namespaces/default/resourceclaims/nic"
+    if minor == "1.35":
+        wait_for(lambda: (cluster.get(path) or {}).get("status", {}).get("devices"),
+                 timeout=15, what="status.devices written without the rule on 1.35")
+        return
+    refused = wait_for(lambda: [line for line in agent.logs().splitlines()
+                                if "claim status is not written" in line],
+                       timeout=15, what="the refusal logged")
+    assert 'resource=\\"resourceclaims/driver\\"' in refused[0], refused[0]
+    assert not (cluster.get(path) or {}).get("status", {}).get("devices")
