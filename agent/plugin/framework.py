@@ -109,8 +109,13 @@ class APIClaimSource:
                 raise ClaimNotFoundError(str(ref), "not found in the API server (deleted?)")
             if resp.status == 404 and self._versions.not_served(version):
                 continue
+            # The server's message says why (e.g. the Node authorizer's "no relationship found
+            # between node ... and this object"), on one line.
+            why = " ".join(error.message.split())[:300]
             raise ClaimFetchError(
-                str(ref), f"GET from the API server failed: {resp.status} {resp.reason}"
+                str(ref),
+                f"GET from the API server failed: {resp.status} {resp.reason}"
+                + (f": {why}" if why else ""),
             )
         raise ClaimFetchError(str(ref), "the API server serves no resource.k8s.io version")
 

@@ -63,7 +63,8 @@ def test_reads_only_claims_of_pods_on_its_node_and_keeps_preparing_without_statu
     stray = allocate(cluster, make_claim(cluster, f"stray-{node}", [("gpu", GPU_CLASS)]), node)
     refused = kubelet.prepare(DRIVER, [ref(stray)])[stray["metadata"]["uid"]]
     assert not refused.ok
-    assert "forbidden" in (refused.error or "").lower(), refused.error
+    assert "403 Forbidden" in (refused.error or ""), refused.error
+    assert "no relationship found between node" in (refused.error or ""), refused.error
     assert "\n" not in (refused.error or "")
 
     # Claims of pods bound to the node are readable; their NIC status cannot be written by a
