@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from tests.e2e.harness import DRIVER, NIC_CLASS, ref
 from tests.fakes.kubelet import KubeletStandIn
@@ -24,8 +25,8 @@ from tests.waiting import wait_for
 SLICES = f"{RESOURCE}/v1/resourceslices"
 
 
-def foreign_slice(node: str | None, name: str) -> dict[str, object]:
-    spec: dict[str, object] = {
+def foreign_slice(node: str | None, name: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {
         "driver": DRIVER, "pool": {"name": node or "fleet", "generation": 1,
                                    "resourceSliceCount": 1},
         "devices": [{"name": "gpu-0"}],
@@ -104,6 +105,23 @@ def test_admission_policy_keeps_the_token_to_its_own_node(
     fleet = cluster.create_response(foreign_slice(None, f"{node}-fleet"), agent)
     assert fleet.status == 403, status_text(fleet)
     assert "not a slice without spec.nodeName" in fleet.json()["message"]
+
+    # Its own node, but another driver's name or another pool: refused too.
+    nvidia = foreign_slice(node, f"{node}-nvidia")
+    nvidia["spec"]["driver"] = "gpu.nvidia.com"
+    fake_gpus = cluster.create_response(nvidia, agent)
+    assert fake_gpus.status == 403, status_text(fake_gpus)
+    assert ("may only write ResourceSlices of driver dra-agent.io, not gpu.nvidia.com"
+            in fake_gpus.json()["message"])
+    shadow = foreign_slice(node, f"{node}-shadow")
+    shadow["spec"]["pool"]["name"] = "shadow"
+    pool = cluster.create_response(shadow, agent)
+    assert pool.status == 403, status_text(pool)
+    assert f"may only write the pool {node}, not shadow" in pool.json()["message"]
+    # While its own slice in its own pool passes the policy.
+    own = cluster.create_response(foreign_slice(node, f"{node}-own"), agent,
+                                  query={"dryRun": "All"})
+    assert own.status == 201, status_text(own)
 
     path = f"{SLICES}/{theirs['metadata']['name']}"
     changed = dict(theirs, spec={**theirs["spec"], "devices": [{"name": "gpu-1"}]})
