@@ -9,6 +9,7 @@ and never rewrites in a loop).
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -130,3 +131,50 @@ def test_shared_counters_are_accepted_or_named(
     objects = render_slices(DRIVER, Owner(name=node), resources)
     gates = check(cluster, node, objects)
     assert set(gates) == DROPPED_BY_DEFAULT[minor] & {"DRAPartitionableDevices"}
+
+
+def test_controller_adapts_to_what_the_server_drops(
+    cluster: RealCluster, node: str, minor: str
+) -> None:
+    """The agent's controller itself, in process, publishing tainted devices: on a server that
+    drops taints (1.35) it reports that once, naming the gate, and then writes nothing more;
+    on 1.37 nothing is dropped. Either way the pool is complete and stays put."""
+    from agent.metrics import Metrics
+    from agent.slices import Timing, start
+    from agent.slices.errors import DroppedFieldsError
+
+    inventory = run_discovery(Config(simulate="dgx-h100", node_name=node))
+    devices = tuple(replace(d, taints=(Taint(f"{DRIVER}/xid", "NoSchedule", "79"),))
+                    if d.type == DeviceType.GPU else d for d in inventory.devices)
+    errors: list[Exception] = []
+    metrics = Metrics()
+    controller = start(cluster.admin, DRIVER, Owner(name=node),
+                       build_resources(Inventory(devices=devices), node), metrics=metrics,
+                       on_error=errors.append,
+                       timing=Timing(event_delay_s=0.05, backoff_initial_s=0.05,
+                                     backoff_max_s=0.5, watch_timeout_s=30))
+    try:
+        assert controller.synced(20), errors
+        assert sum(len(s["spec"]["devices"]) for s in cluster.slices(node)) == len(devices)
+
+        def total() -> float:
+            return sum(s.value for m in metrics.registry.collect()
+                       if m.name == "dra_agent_resourceslice_writes" for s in m.samples
+                       if s.name.endswith("_total") and s.labels["verb"] != "get")
+
+        before = total()
+        stored = {s["metadata"]["name"]: s["metadata"]["resourceVersion"]
+                  for s in cluster.slices(node)}
+        time.sleep(3)
+        assert total() == before
+        assert {s["metadata"]["name"]: s["metadata"]["resourceVersion"]
+                for s in cluster.slices(node)} == stored
+        dropped = [e for e in errors if isinstance(e, DroppedFieldsError)]
+        tainted = any(d.get("taints") for s in cluster.slices(node) for d in s["spec"]["devices"])
+        if "DRADeviceTaints" in DROPPED_BY_DEFAULT[minor]:
+            assert dropped and all("DRADeviceTaints" in str(e) for e in dropped), errors
+            assert not tainted
+        else:
+            assert dropped == [] and tainted
+    finally:
+        controller.stop()
