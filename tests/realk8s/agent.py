@@ -1,15 +1,18 @@
-"""What the real-cluster tests read from a running agent and do as the scheduler."""
+"""What the real-cluster tests read from a running agent, and the scheduler's part: its own
+allocator (hack/realk8s/tools/allocate) placing claims on what the API server holds."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tests.e2e.harness import DRIVER, AgentProcess, device_classes
-from tests.realk8s.cluster import RESOURCE, RealCluster
+from tests.realk8s.cluster import RESOURCE, RealCluster, bin_dir
 
 _SAMPLE = re.compile(r'^dra_agent_resourceslice_writes_total\{([^}]*)\} ([0-9.e+]+)$', re.M)
 
@@ -64,30 +67,47 @@ def make_claim(cluster: RealCluster, name: str, requests: Sequence[tuple[str, st
                            "metadata": {"name": name, "namespace": namespace}, "spec": spec})
 
 
-def allocate(cluster: RealCluster, claim: Mapping[str, Any], node: str,
-             pod: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What the scheduler does: allocate with our allocator against what the node published
-    (the scheduler only sees the API server), then write allocation and reservedFor through
-    /status, as its PreBind does."""
-    from agent.explain import explain
-
-    slices = [s for s in cluster.slices(node) if s["spec"]["driver"] == DRIVER]
+def scheduler_allocate(cluster: RealCluster, claims: Sequence[Mapping[str, Any]], node: str,
+                       ) -> dict[str, Any]:
+    """The scheduler's own allocator (``bin/<minor>/allocate``, k8s.io/dynamic-resource-
+    allocation/structured with kube-scheduler's gates) on what the API server holds: the
+    claims as stored (defaulted), every DeviceClass and ResourceSlice, and the devices other
+    claims already hold. Returns claim UID -> AllocationResult; fails when they do not fit."""
     listed = cluster.admin.request("GET", f"{RESOURCE}/v1/resourceclaims")
     listed.raise_for_status()
-    others = [c for c in listed.json()["items"] if (c.get("status") or {}).get("allocation")
-              and c["metadata"]["uid"] != claim["metadata"]["uid"]]
-    result = explain(dict(claim), device_classes(), slices, node, allocated=others)
-    assert result.fits and result.allocation, result.to_dict()
+    uids = {c["metadata"]["uid"] for c in claims}
+    held = [{"driver": r["driver"], "pool": r["pool"], "device": r["device"]}
+            for c in listed.json()["items"] if c["metadata"]["uid"] not in uids
+            for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {})
+            .get("results") or []]
+    classes = cluster.admin.request("GET", f"{RESOURCE}/v1/deviceclasses")
+    classes.raise_for_status()
+    doc = {"node": cluster.get(f"/api/v1/nodes/{node}"), "claims": list(claims),
+           "deviceClasses": classes.json()["items"] or device_classes(),
+           "resourceSlices": cluster.slices(), "allocatedDevices": held}
+    out = subprocess.run([str(bin_dir(cluster.minor) / "allocate")], input=json.dumps(doc),
+                         capture_output=True, text=True, timeout=60, check=False)
+    answer = json.loads(out.stdout or "{}")
+    assert out.returncode == 0 and not answer.get("unschedulable"), (out.stdout, out.stderr)
+    allocations: dict[str, Any] = answer["allocations"]
+    return allocations
+
+
+def allocate(cluster: RealCluster, claim: Mapping[str, Any], node: str,
+             pod: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What the scheduler does: allocate with its own allocator against what the API server
+    holds, then write allocation and reservedFor through /status, as its PreBind does."""
     meta = claim["metadata"]
-    reserved = {"resource": "pods", "name": f"{meta['name']}-pod", "uid": str(uuid.uuid4())}
-    if pod is not None:
-        reserved = {"resource": "pods", "name": pod["metadata"]["name"],
-                    "uid": pod["metadata"]["uid"]}
     path = (f"{RESOURCE}/v1/namespaces/{meta['namespace']}/resourceclaims/{meta['name']}"
             "/status")
     current = cluster.get(path)
     assert current is not None
-    current["status"] = {"allocation": result.allocation, "reservedFor": [reserved]}
+    allocation = scheduler_allocate(cluster, [current], node)[meta["uid"]]
+    reserved = {"resource": "pods", "name": f"{meta['name']}-pod", "uid": str(uuid.uuid4())}
+    if pod is not None:
+        reserved = {"resource": "pods", "name": pod["metadata"]["name"],
+                    "uid": pod["metadata"]["uid"]}
+    current["status"] = {"allocation": allocation, "reservedFor": [reserved]}
     resp = cluster.admin.request("PUT", path, body=current)
     resp.raise_for_status()
     allocated: dict[str, Any] = resp.json()

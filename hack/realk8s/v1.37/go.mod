@@ -22,6 +22,7 @@ require (
 	github.com/cyphar/filepath-securejoin v0.7.0 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/distribution/reference v0.6.0 // indirect
+	github.com/dra-agent/dra-agent/hack/realk8s/tools v0.0.0
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/emicklei/go-restful/v3 v3.13.0 // indirect
 	github.com/exponent-io/jsonpath v0.0.0-20210407135951-1de76d718b3f // indirect
@@ -208,7 +209,10 @@ replace (
 )
 
 tool (
+	github.com/dra-agent/dra-agent/hack/realk8s/tools/allocate
 	go.etcd.io/etcd/server/v3
 	k8s.io/kubernetes/cmd/kube-apiserver
 	k8s.io/kubernetes/cmd/kubectl
 )
+
+replace github.com/dra-agent/dra-agent/hack/realk8s/tools => ../tools

@@ -1,0 +1,170 @@
+// Command allocate runs the scheduler's own DRA allocator (k8s.io/dynamic-resource-allocation
+// structured, with the features kube-scheduler derives from its feature gates at this
+// Kubernetes version) for the claims of one pod on one node.
+//
+// Input, one JSON document on stdin:
+//
+//	{"node": NODE, "claims": [...], "deviceClasses": [...], "resourceSlices": [...],
+//	 "allocatedDevices": [{"driver": D, "pool": P, "device": N}, ...]}
+//
+// NODE is a v1 Node object or just its name. Output, one JSON line on stdout:
+// {"allocations": {"<claim uid>": AllocationResult}} when every claim fits, or
+// {"unschedulable": true, "error": "..."} when they do not. Bad input or an allocator error
+// exits 1 with {"error": "..."}.
+//
+// Flags: --feature-gates (as kube-scheduler's).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
+
+	// Registers the Kubernetes feature gates with their defaults at this version.
+	_ "k8s.io/kubernetes/pkg/features"
+)
+
+type input struct {
+	Node             json.RawMessage              `json:"node"`
+	Claims           []*resourceapi.ResourceClaim `json:"claims"`
+	DeviceClasses    []*resourceapi.DeviceClass   `json:"deviceClasses"`
+	ResourceSlices   []*resourceapi.ResourceSlice `json:"resourceSlices"`
+	AllocatedDevices []deviceID                   `json:"allocatedDevices"`
+}
+
+type deviceID struct {
+	Driver string `json:"driver"`
+	Pool   string `json:"pool"`
+	Device string `json:"device"`
+}
+
+type output struct {
+	Allocations   map[string]resourceapi.AllocationResult `json:"allocations,omitempty"`
+	Unschedulable bool                                    `json:"unschedulable,omitempty"`
+	Error         string                                  `json:"error,omitempty"`
+}
+
+type classes []*resourceapi.DeviceClass
+
+func (c classes) List() ([]*resourceapi.DeviceClass, error) { return c, nil }
+
+func (c classes) Get(name string) (*resourceapi.DeviceClass, error) {
+	for _, class := range c {
+		if class.Name == name {
+			return class, nil
+		}
+	}
+	return nil, fmt.Errorf("device class %q not found", name)
+}
+
+func main() {
+	gates := flag.String("feature-gates", "", "feature gates, as kube-scheduler's --feature-gates")
+	flag.Parse()
+	out, err := run(os.Stdin, *gates)
+	if err != nil {
+		out = output{Error: err.Error()}
+	}
+	if encErr := json.NewEncoder(os.Stdout).Encode(out); encErr != nil {
+		fmt.Fprintln(os.Stderr, "allocate:", encErr)
+		os.Exit(1)
+	}
+	if err != nil {
+		os.Exit(1)
+	}
+}
+
+func run(r io.Reader, gates string) (output, error) {
+	if gates != "" {
+		if err := utilfeature.DefaultMutableFeatureGate.Set(gates); err != nil {
+			return output{}, fmt.Errorf("--feature-gates: %w", err)
+		}
+	}
+	var in input
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		return output{}, fmt.Errorf("input: %w", err)
+	}
+	node, err := parseNode(in.Node)
+	if err != nil {
+		return output{}, err
+	}
+	if len(in.Claims) == 0 {
+		return output{}, errors.New("input: no claims")
+	}
+	fts := feature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate)
+	allocated := sets.New[structured.DeviceID]()
+	for _, d := range in.AllocatedDevices {
+		allocated.Insert(structured.MakeDeviceID(d.Driver, d.Pool, d.Device))
+	}
+	state := structured.AllocatedState{
+		AllocatedDevices:         allocated,
+		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
+		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
+	}
+	ctx := context.Background()
+	allocator, err := structured.NewAllocator(ctx, dynamicresources.AllocatorFeatures(fts), state,
+		classes(in.DeviceClasses), in.ResourceSlices, cel.NewCache(10, celFeatures(fts)))
+	if err != nil {
+		return output{}, fmt.Errorf("allocator: %w", err)
+	}
+	results, err := allocator.Allocate(ctx, node, in.Claims)
+	if err != nil {
+		return output{}, fmt.Errorf("allocate: %w", err)
+	}
+	if results == nil {
+		return output{Unschedulable: true, Error: "cannot allocate all claims"}, nil
+	}
+	out := output{Allocations: map[string]resourceapi.AllocationResult{}}
+	for i, claim := range in.Claims {
+		out.Allocations[string(claim.UID)] = results[i]
+	}
+	return out, nil
+}
+
+func parseNode(raw json.RawMessage) (*v1.Node, error) {
+	var name string
+	if err := json.Unmarshal(raw, &name); err == nil {
+		if name == "" {
+			return nil, errors.New("input: empty node name")
+		}
+		return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,
+			Labels: map[string]string{"kubernetes.io/hostname": name}}}, nil
+	}
+	var node v1.Node
+	if err := json.Unmarshal(raw, &node); err != nil || node.Name == "" {
+		return nil, fmt.Errorf("input: node must be a name or a Node with a name")
+	}
+	return &node, nil
+}
+
+// celFeatures mirrors what the scheduler's DynamicResources plugin gives its CEL cache. The
+// fields differ between minors (1.37 added list-type attributes), so they are set by name.
+func celFeatures(fts feature.Features) cel.Features {
+	var out cel.Features
+	set := func(field, from string) {
+		dst := reflect.ValueOf(&out).Elem().FieldByName(field)
+		src := reflect.ValueOf(fts).FieldByName(from)
+		if dst.IsValid() && src.IsValid() {
+			dst.SetBool(src.Bool())
+		}
+	}
+	set("EnableConsumableCapacity", "EnableDRAConsumableCapacity")
+	set("EnableListTypeAttributes", "EnableDRAListTypeAttributes")
+	return out
+}
