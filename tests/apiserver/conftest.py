@@ -74,6 +74,42 @@ def api_client(request: pytest.FixtureRequest) -> Iterator[client.ApiClient]:
         c.close()
 
 
+@pytest.fixture(scope="session")
+def v1_only_cluster() -> Iterator[Any]:
+    """A real server run as upstream's default: resource.k8s.io served at v1 only (the shared
+    one serves v1beta2 and v1beta1 too, which hack/realk8s does by default)."""
+    from tests.realk8s.cluster import RealCluster, minor_under_test
+
+    root = Path(tempfile.mkdtemp(prefix="fakeparity-v1-"))
+    cluster = RealCluster.up(root / "c", minor_under_test(), "--resource-versions", "v1")
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def v1_only_client(request: pytest.FixtureRequest) -> Iterator[client.ApiClient]:
+    """A client of a server that serves resource.k8s.io at v1 only: the fake by default."""
+    if not AGAINST_REAL:
+        c = request.getfixturevalue("srv").api_client()
+    else:
+        from kubernetes import config as kube_config
+
+        real = request.getfixturevalue("v1_only_cluster")
+        c = kube_config.new_client_from_config(str(real.admin_kubeconfig))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def server_minor(api_client: client.ApiClient) -> int:
+    """The server's minor version (GET /version): the fake says 36, it models 1.36/1.37."""
+    return int(client.VersionApi(api_client).get_code().minor.rstrip("+"))
+
+
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 

@@ -126,9 +126,13 @@ def test_creation_timestamp_and_uid_survive_update(rapi: client.ResourceV1Api) -
     out = raw(rapi.replace_resource_slice, "s1", changed)
     assert out["metadata"]["uid"] == obj["metadata"]["uid"]
     assert out["metadata"]["creationTimestamp"] == obj["metadata"]["creationTimestamp"]
+    # A uid in the body is a storage precondition: a mismatch is a 409, not a 422.
     changed["metadata"]["uid"] = "other"
     code, body = fails(rapi.replace_resource_slice, "s1", changed)
-    assert code == 422 and body["details"]["causes"][0]["field"] == "metadata.uid"
+    assert code == 409 and body["reason"] == "Conflict"
+    assert body["details"]["kind"] == "resourceslices"
+    assert ("Precondition failed: UID in precondition: other, UID in object meta: "
+            f"{obj['metadata']['uid']}") in body["message"]
 
 
 def test_delete_returns_object_with_deletion_revision(
@@ -145,11 +149,19 @@ def test_delete_preconditions_mismatch_is_409(rapi: client.ResourceV1Api) -> Non
     obj = raw(rapi.create_resource_slice, make_slice("s1"))
     code, body = fails(rapi.delete_resource_slice, "s1", body=client.V1DeleteOptions(
         preconditions=client.V1Preconditions(uid="wrong-uid")))
+    # rest.BeforeDelete checks first and names the resource by its Kind.
     assert code == 409 and body["reason"] == "Conflict"
-    assert "Precondition failed: UID in precondition: wrong-uid" in body["message"]
+    assert body["details"]["kind"] == "ResourceSlice"
+    assert body["message"] == (
+        'Operation cannot be fulfilled on ResourceSlice.resource.k8s.io "s1": the UID in the '
+        f"precondition (wrong-uid) does not match the UID in record ({obj['metadata']['uid']}). "
+        "The object might have been deleted and then recreated")
     code, body = fails(rapi.delete_resource_slice, "s1", body=client.V1DeleteOptions(
         preconditions=client.V1Preconditions(uid=obj["metadata"]["uid"], resource_version="1")))
-    assert code == 409 and "ResourceVersion in precondition: 1" in body["message"]
+    assert code == 409
+    assert ("the ResourceVersion in the precondition (1) does not match the ResourceVersion in "
+            f"record ({obj['metadata']['resourceVersion']}). The object might have been "
+            "modified") in body["message"]
     meta = obj["metadata"]
     raw(rapi.delete_resource_slice, "s1", body=client.V1DeleteOptions(
         preconditions=client.V1Preconditions(uid=meta["uid"],
@@ -186,12 +198,13 @@ def test_claim_status_only_through_subresource(rapi: client.ResourceV1Api) -> No
     claim = make_claim()
     claim["status"] = {"reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}]}
     created = raw(rapi.create_namespaced_resource_claim, "default", claim)
-    assert "status" not in created  # POST clears status
+    # POST clears status; Go encodes the empty status struct as {} (it is not omitempty-able).
+    assert created.get("status", {}) == {}
     created["spec"]["devices"]["requests"][0]["exactly"]["count"] = 1
     result = {"driver": "dra-agent.io", "pool": "node-a", "device": "gpu-0", "request": "gpu"}
     created["status"] = {"allocation": {"devices": {"results": [result]}}}
     main = raw(rapi.replace_namespaced_resource_claim, "claim", "default", created)
-    assert "status" not in main  # the main endpoint ignores status
+    assert main.get("status", {}) == {}  # the main endpoint ignores status
     main["status"] = created["status"]
     main["metadata"]["labels"] = {"ignored": "yes"}
     st = raw(rapi.replace_namespaced_resource_claim_status, "claim", "default", main)

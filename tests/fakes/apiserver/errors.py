@@ -115,7 +115,8 @@ class APIError(Exception):
 
 
 def _details(name: str, group: str, kind: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": name}
+    # StatusDetails.name is omitempty: ListOptions/PatchOptions errors carry no name.
+    out: dict[str, Any] = {"name": name} if name else {}
     if group:
         out["group"] = group
     out["kind"] = kind

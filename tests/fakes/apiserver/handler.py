@@ -261,6 +261,8 @@ class APIRequestHandler(BaseHTTPRequestHandler):
         if verb == "patch" and req.route.name:
             return writer.patch(req, body)
         if verb in ("create", "update", "delete", "deletecollection"):
+            if verb in ("create", "update"):
+                _check_body_type(req.content_type)
             parsed = _json_body(body, required=verb in ("create", "update"))
             scoped = req.route.namespace is not None or not req.route.rtype.namespaced
             if verb == "create" and req.route.name is None and scoped:
@@ -274,6 +276,21 @@ class APIRequestHandler(BaseHTTPRequestHandler):
             if verb == "deletecollection" and req.route.subresource is None:
                 return 200, reg.delete_collection(req, options), []
         raise APIError(405, "the server does not allow this method on the requested resource")
+
+
+#: The serializers a create or update body may use (NegotiateInputSerializer); the fake decodes
+#: only JSON, but answers 415 for any other type just as the real server does.
+BODY_TYPES = ("application/json", "application/yaml", "application/vnd.kubernetes.protobuf")
+
+
+def _check_body_type(content_type: str) -> None:
+    ctype = content_type.split(";", maxsplit=1)[0].strip() or "application/json"
+    if ctype not in BODY_TYPES:
+        raise APIError(
+            415,
+            "the body of the request was in an unknown format - accepted media types include: "
+            + ", ".join(BODY_TYPES),
+        )
 
 
 def _json_body(body: bytes, required: bool) -> Any:

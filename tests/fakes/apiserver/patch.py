@@ -76,18 +76,47 @@ def _merge_list(plural: str, current: Any, patch: list[Any], key: str, path: str
     for entry in patch:
         if not isinstance(entry, dict) or key not in entry:
             raise bad_request(f"map: {entry} does not contain declared merge key: {key}")
+    # Deletes go first, as upstream's mergeSliceWithSpecialElements runs before the merge.
+    deleted = {e[key] for e in patch if e.get("$patch") == "delete"}
+    items = [i for i in items if not (isinstance(i, dict) and i.get(key) in deleted)]
+    entries = [e for e in patch if e.get("$patch") != "delete"]
+    server_order = [i.get(key) if isinstance(i, dict) else None for i in items]
+    for entry in entries:
         idx = next(
             (i for i, it in enumerate(items) if isinstance(it, dict) and it.get(key) == entry[key]),
             None,
         )
-        if entry.get("$patch") == "delete":
-            if idx is not None:
-                items.pop(idx)
-        elif idx is None:
+        if idx is None:
             items.append({k: v for k, v in entry.items() if k != "$patch"})
         else:
             items[idx] = strategic_merge_patch(plural, items[idx], entry, path)
-    return items
+    return _element_order(items, [e[key] for e in entries], server_order, key)
+
+
+def _element_order(
+    merged: list[Any], patch_keys: list[Any], server_order: list[Any], key: str
+) -> list[Any]:
+    """Upstream's normalizeElementOrder: patch items in patch order, server-only items in
+    server order, interleaved by server position where both are known. A new item thus
+    comes before the server-only ones (real servers answer [new, old], not [old, new])."""
+    by_key = {i.get(key): i for i in merged if isinstance(i, dict)}
+    right = [by_key[k] for k in dict.fromkeys(patch_keys) if k in by_key]
+    left = [i for i in merged if not (isinstance(i, dict) and i.get(key) in patch_keys)]
+
+    def pos(item: Any) -> int:
+        k = item.get(key) if isinstance(item, dict) else None
+        return server_order.index(k) if k in server_order else -1
+
+    out: list[Any] = []
+    i = j = 0
+    while i < len(left) or j < len(right):
+        if j >= len(right) or (i < len(left) and 0 <= pos(left[i]) < pos(right[j])):
+            out.append(left[i])
+            i += 1
+        else:
+            out.append(right[j])
+            j += 1
+    return out
 
 
 def _pointer(path: str) -> list[str]:

@@ -287,6 +287,26 @@ class Registry:
 
     # -- deletes ------------------------------------------------------------------------------
 
+    @staticmethod
+    def _check_delete_preconditions(rtype: ResourceType, key: Key, meta: Obj, options: Obj) -> None:
+        """rest.BeforeDelete checks preconditions early, naming the resource by its Kind."""
+        pre = options.get("preconditions") or {}
+        whys = (
+            ("uid", "UID", "The object might have been deleted and then recreated"),
+            ("resourceVersion", "ResourceVersion", "The object might have been modified"),
+        )
+        for field_name, label, hint in whys:
+            want = pre.get(field_name)
+            if want is not None and want != meta.get(field_name):
+                raise errors.conflict(
+                    rtype.group_kind,
+                    rtype.group,
+                    rtype.kind,
+                    key[1],
+                    f"the {label} in the precondition ({want}) does not match the {label} in "
+                    f"record ({meta.get(field_name, '')}). {hint}",
+                )
+
     def _delete_one(self, route: Route, key: Key, options: Obj, dry_run: bool) -> Obj:
         rtype = route.rtype
         with self.store.cond:
@@ -294,20 +314,7 @@ class Registry:
             if old is None:
                 raise self.not_found(rtype, key[1])
             meta = old["metadata"]
-            pre = options.get("preconditions") or {}
-            for field_name, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
-                want = pre.get(field_name)
-                if want is not None and want != meta.get(field_name):
-                    raise errors.conflict(
-                        rtype.qualified,
-                        rtype.group,
-                        rtype.plural,
-                        key[1],
-                        f"StorageError: invalid object, Code: 4, Key: /registry/{rtype.plural}/"
-                        f"{key_text(key)}, ResourceVersion: 0, AdditionalErrorMsg: Precondition "
-                        f"failed: {label} in precondition: {want}, {label} in object meta: "
-                        f"{meta.get(field_name, '')}",
-                    )
+            self._check_delete_preconditions(rtype, key, meta, options)
             if dry_run:
                 return old
             if meta.get("finalizers"):

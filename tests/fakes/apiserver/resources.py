@@ -22,6 +22,8 @@ class ResourceType:
     singular: str
     namespaced: bool
     field_labels: tuple[str, ...]
+    #: Kinds with a field-label conversion of their own (the others use the default one).
+    custom_field_labels: bool = False
     status_subresource: bool = False
     # ResourceSlice and DeviceClass strategies bump metadata.generation on a spec change.
     spec_generation: bool = False
@@ -57,7 +59,13 @@ def _rt(
     status_only_via_subresource: bool = False,
     short_names: tuple[str, ...] = (),
 ) -> ResourceType:
-    labels = ("metadata.name", "metadata.namespace") if namespaced else ("metadata.name",)
+    # A kind without its own field-label conversion gets DefaultMetaV1FieldSelectorConversion,
+    # which takes metadata.namespace even for cluster-scoped kinds.
+    labels = (
+        ("metadata.name", "metadata.namespace")
+        if namespaced or not extra_labels
+        else ("metadata.name",)
+    )
     return ResourceType(
         group=group,
         plural=plural,
@@ -65,6 +73,7 @@ def _rt(
         singular=kind.lower(),
         namespaced=namespaced,
         field_labels=labels + extra_labels,
+        custom_field_labels=bool(extra_labels),
         status_subresource=status_subresource,
         spec_generation=spec_generation,
         status_only_via_subresource=status_only_via_subresource,
@@ -98,7 +107,8 @@ def default_resources() -> dict[str, ResourceType]:
             "resourceslices",
             "ResourceSlice",
             False,
-            extra_labels=("spec.nodeName", "spec.driver"),
+            # spec.pool.name is selectable since 1.36 (1.35 answers 400).
+            extra_labels=("spec.nodeName", "spec.driver", "spec.pool.name"),
             spec_generation=True,
         ),
         _rt(RESOURCE_GROUP, "deviceclasses", "DeviceClass", False, spec_generation=True),

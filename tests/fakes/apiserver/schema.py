@@ -138,13 +138,16 @@ def decode(rtype: ResourceType, version: str, body: Any) -> Decoded:
     return Decoded(obj, walker.unknown)
 
 
-def apply_field_validation(mode: str, decoded: Decoded) -> list[str]:
-    """Warnings to send, or a 400 in Strict mode; `mode` is the fieldValidation parameter."""
+def apply_field_validation(mode: str, decoded: Decoded, prefix: str = "") -> list[str]:
+    """Warnings to send, or a 400 in Strict mode; `mode` is the fieldValidation parameter.
+
+    `prefix` leads the Strict message: a create or update body fails in the decoder, whose
+    error says `<Kind> in version "<v>" cannot be handled as a <Kind>: `."""
     if not decoded.unknown:
         return []
     texts = [f'unknown field "{p}"' for p in decoded.unknown]
     if mode == "Strict":
-        raise bad_request("strict decoding error: " + ", ".join(texts))
+        raise bad_request(prefix + "strict decoding error: " + ", ".join(texts))
     if mode == "Ignore":
         return []
     return texts

@@ -148,6 +148,11 @@ def parse_field_selector(text: str, rtype: ResourceType, version: str) -> list[F
             raise bad_request(f"invalid selector: '{text}'; can't understand '{term}'")
         name, op, value = m.group(1).strip(), m.group(2), _unescape(m.group(3))
         if name not in rtype.field_labels:
+            if not rtype.custom_field_labels:
+                raise bad_request(
+                    f'"{name}" is not a known field selector: only "metadata.name", '
+                    '"metadata.namespace"'
+                )
             if rtype.group:
                 raise bad_request(
                     f"field label not supported for {rtype.group}/{version}, "

@@ -19,6 +19,7 @@ Obj = dict[str, Any]
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
 MAX_ATTRIBUTES_AND_CAPACITY = 32
+MAX_ATTRIBUTE_VALUES = 48
 MAX_ID_LENGTH = 32
 MAX_STRING_LENGTH = 64
 MAX_DRIVER_LENGTH = 63
@@ -45,52 +46,65 @@ def validate_driver_name(value: str, path: str) -> list[FieldError]:
     return errs
 
 
-def validate_qualified_name(key: str, path: str) -> list[FieldError]:
-    """Attribute and capacity names: `<C identifier>` or `<domain>/<C identifier>`."""
-    if not key:
-        return [FieldError("Required", path, None, "name required")]
-    domain, sep, ident = key.rpartition("/")
-    errs: list[FieldError] = []
-    if sep:
-        if not domain:
-            errs.append(FieldError("Required", path, None, "the domain must not be empty"))
-        else:
-            errs += validate_driver_name(domain, path)
-    if not ident:
-        errs.append(FieldError("Required", path, None, "the name must not be empty"))
-    elif not is_c_identifier(ident):
-        errs.append(
-            FieldError(
-                "Invalid",
-                path,
-                ident,
-                "a valid C identifier must start with alphabetic character or '_', "
-                "followed by a string of alphanumeric characters or '_'",
-            )
-        )
-    elif len(ident) > MAX_ID_LENGTH:
+C_IDENTIFIER_MSG = (
+    "a valid C identifier must start with alphabetic character or '_', followed by a string "
+    "of alphanumeric characters or '_' (e.g. 'my_name',  or 'MY_NAME',  or 'MyName', regex "
+    "used for validation is '[A-Za-z_][A-Za-z0-9_]*')"
+)
+
+
+def _c_identifier(ident: str, path: str) -> list[FieldError]:
+    errs = []
+    if len(ident) > MAX_ID_LENGTH:
         errs.append(
             FieldError("TooLong", path, ident, f"may not be more than {MAX_ID_LENGTH} bytes")
         )
+    if not is_c_identifier(ident):
+        errs.append(FieldError("Invalid", path, ident, C_IDENTIFIER_MSG))
     return errs
 
 
+def validate_qualified_name(key: str, path: str) -> list[FieldError]:
+    """Attribute and capacity names: `<C identifier>` or `<domain>/<C identifier>`.
+
+    As upstream, a name with more than one `/` passes (a known gap in validateQualifiedName)."""
+    parts = key.split("/")
+    if len(parts) == 1:
+        return _c_identifier(key, path)
+    if len(parts) != 2:
+        return []
+    domain, ident = parts
+    errs: list[FieldError] = []
+    if not domain:
+        errs.append(FieldError("Invalid", path, "", "the domain must not be empty"))
+    else:
+        errs += validate_driver_name(domain, path)
+    if not ident:
+        errs.append(FieldError("Invalid", path, "", "the name must not be empty"))
+    else:
+        errs += _c_identifier(ident, path)
+    return errs
+
+
+ATTRIBUTE_FIELDS = ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
+_ONE_OF = ", ".join(f"`{f}`" for f in ATTRIBUTE_FIELDS)
+
+
 def _one_value(attr: Obj, path: str) -> list[FieldError]:
-    set_fields = [
-        k
-        for k in ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
-        if k in attr
-    ]
+    # The union check is declarative since 1.36, with its own wording (1.35 said "exactly one
+    # value must be specified").
+    set_fields = [k for k in ATTRIBUTE_FIELDS if k in attr]
     if not set_fields:
-        return [FieldError("Required", path, None, "exactly one value must be specified")]
+        return [FieldError("Invalid", path, "", f"must specify one of: {_ONE_OF}")]
     if len(set_fields) > 1:
-        return [FieldError("Invalid", path, attr, "exactly one value must be specified")]
+        value = "{" + ", ".join(set_fields) + "}"
+        return [FieldError("Invalid", path, value, f"must specify exactly one of: {_ONE_OF}")]
     errs: list[FieldError] = []
     field = set_fields[0]
     value = attr[field]
     values = value if isinstance(value, list) else [value]
     if isinstance(value, list) and not value:
-        errs.append(FieldError("Required", f"{path}.{field}", None, "must not be empty"))
+        errs.append(FieldError("Invalid", f"{path}.{field}", [], "must not be empty if specified"))
     for v in values:
         if field.startswith("string") and len(v) > MAX_STRING_LENGTH:
             errs.append(
@@ -181,6 +195,37 @@ def _taints(taints: list[Obj], path: str) -> list[FieldError]:
     return errs
 
 
+def _entry_counts(attrs: Obj, caps: Obj, path: str) -> list[FieldError]:
+    """The two per-device totals, both reported on the device itself as Invalid."""
+    errs = []
+    total = len(attrs) + len(caps)
+    if total > MAX_ATTRIBUTES_AND_CAPACITY:
+        errs.append(
+            FieldError(
+                "Invalid",
+                path,
+                total,
+                "the total number of attributes and capacities must not exceed "
+                f"{MAX_ATTRIBUTES_AND_CAPACITY}",
+            )
+        )
+    # A scalar counts one; a list value counts its items (numEntriesDeviceAttribute).
+    values = 0
+    for attr in attrs.values():
+        items = sum(len((attr or {}).get(k) or []) for k in ATTRIBUTE_FIELDS[4:])
+        values += items or 1
+    if values > MAX_ATTRIBUTE_VALUES:
+        errs.append(
+            FieldError(
+                "Invalid",
+                path,
+                values,
+                f"the total number of attribute values must not exceed {MAX_ATTRIBUTE_VALUES}",
+            )
+        )
+    return errs
+
+
 def validate_device(dev: Obj, path: str, per_device_nodes: bool) -> list[FieldError]:
     errs: list[FieldError] = []
     name = dev.get("name", "")
@@ -190,23 +235,15 @@ def validate_device(dev: Obj, path: str, per_device_nodes: bool) -> list[FieldEr
         errs += [FieldError("Invalid", f"{path}.name", name, m) for m in dns_label_errors(name)]
     attrs: Obj = dev.get("attributes") or {}
     caps: Obj = dev.get("capacity") or {}
-    if len(attrs) + len(caps) > MAX_ATTRIBUTES_AND_CAPACITY:
-        errs.append(
-            FieldError(
-                "TooMany",
-                f"{path}.attributes",
-                len(attrs) + len(caps),
-                f"must have at most {MAX_ATTRIBUTES_AND_CAPACITY} attributes and "
-                "capacities combined",
-            )
-        )
+    errs += _entry_counts(attrs, caps, path)
+    # Key errors land on the map itself (validateMap passes the map's path to validateKey).
     for key, attr in attrs.items():
-        p = f"{path}.attributes[{key}]"
-        errs += validate_qualified_name(key, p) + _one_value(attr or {}, p)
+        errs += validate_qualified_name(key, f"{path}.attributes")
+        errs += _one_value(attr or {}, f"{path}.attributes[{key}]")
     multi = dev.get("allowMultipleAllocations") is True
     for key, cap in caps.items():
         p = f"{path}.capacity[{key}]"
-        errs += validate_qualified_name(key, p)
+        errs += validate_qualified_name(key, f"{path}.capacity")
         if "value" not in (cap or {}):
             errs.append(FieldError("Required", f"{p}.value"))
         if (cap or {}).get("requestPolicy") is not None and not multi:

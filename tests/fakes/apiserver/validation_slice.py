@@ -10,7 +10,6 @@ from .validation_device import (
     MAX_DEVICES,
     MAX_DEVICES_WITH_TAINTS_OR_COUNTERS,
     MAX_POOL_NAME_LENGTH,
-    NODE_FIELDS,
     validate_counters,
     validate_device,
     validate_driver_name,
@@ -23,30 +22,44 @@ from .validation_names import (
 Obj = dict[str, Any]
 
 
+_NEED_ONE = (
+    "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required"
+)
+
+
 def _node_selection(spec: Obj) -> list[FieldError]:
-    present = []
-    if spec.get("nodeName"):
-        present.append("nodeName")
-    for f in NODE_FIELDS[1:]:
-        if spec.get(f) is not None:
-            present.append(f)
-    need = (
-        "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` "
-        "is required"
-    )
-    if not present:
-        return [FieldError("Required", "spec", None, need)]
-    if len(present) > 1:
-        value = "{" + ", ".join(f"`{p}`" for p in present) + "}"
-        return [FieldError("Invalid", "spec", value, need + ", but multiple fields are set")]
+    """validateResourceSliceSpec: a field set to its zero value (`""`, `false`) is an error of
+    its own and does not count as set, so it also earns the "exactly one" Required."""
     errs: list[FieldError] = []
-    if "nodeName" in present:
-        errs += [
-            FieldError("Invalid", "spec.nodeName", spec["nodeName"], m)
-            for m in dns_subdomain_errors(spec["nodeName"])
-        ]
-    if "nodeSelector" in present:
+    present = []
+    if spec.get("nodeName") is not None:
+        if spec["nodeName"]:
+            present.append("nodeName")
+            errs += [
+                FieldError("Invalid", "spec.nodeName", spec["nodeName"], m)
+                for m in dns_subdomain_errors(spec["nodeName"])
+            ]
+        else:
+            errs.append(
+                FieldError(
+                    "Invalid",
+                    "spec.nodeName",
+                    "",
+                    "must be either unset or set to a non-empty string",
+                )
+            )
+    if spec.get("nodeSelector") is not None:
+        present.append("nodeSelector")
         terms = (spec["nodeSelector"] or {}).get("nodeSelectorTerms") or []
+        if not terms:
+            errs.append(
+                FieldError(
+                    "Required",
+                    "spec.nodeSelector.nodeSelectorTerms",
+                    None,
+                    "must have at least one node selector term",
+                )
+            )
         if len(terms) != 1:
             errs.append(
                 FieldError(
@@ -57,8 +70,23 @@ def _node_selection(spec: Obj) -> list[FieldError]:
                 )
             )
     for flag in ("allNodes", "perDeviceNodeSelection"):
-        if flag in present and spec[flag] is not True:
-            errs.append(FieldError("Invalid", f"spec.{flag}", spec[flag], "must be true"))
+        if spec.get(flag) is None:
+            continue
+        if spec[flag] is True:
+            present.append(flag)
+        else:
+            errs.append(
+                FieldError(
+                    "Invalid", f"spec.{flag}", spec[flag], "must be either unset or set to true"
+                )
+            )
+    if not present:
+        errs.append(FieldError("Required", "spec", None, _NEED_ONE))
+    elif len(present) > 1:
+        value = "{" + ", ".join(f"`{p}`" for p in present) + "}"
+        errs.append(
+            FieldError("Invalid", "spec", value, _NEED_ONE + ", but multiple fields are set")
+        )
     return errs
 
 
@@ -105,7 +133,7 @@ def validate_slice_spec(spec: Obj) -> list[FieldError]:
     if "devices" in spec and "sharedCounters" in spec:
         errs.append(
             FieldError(
-                "Forbidden", "spec", None, "only one of `sharedCounters` or `devices` is allowed"
+                "Invalid", "spec", "", "only one of `sharedCounters` or `devices` is allowed"
             )
         )
     counter_sets = spec.get("sharedCounters") or []
@@ -127,7 +155,7 @@ def validate_slice_spec(spec: Obj) -> list[FieldError]:
         else:
             errs += [FieldError("Invalid", f"{p}.name", name, m) for m in dns_label_errors(name)]
             if name in names:
-                errs.append(FieldError("Duplicate", f"{p}.name", name))
+                errs.append(FieldError("Duplicate", p, name))  # validateSet: the item's path
             names.add(name)
         errs += validate_counters(cs.get("counters"), f"{p}.counters")
     devices = spec.get("devices") or []
@@ -148,19 +176,22 @@ def validate_slice_spec(spec: Obj) -> list[FieldError]:
         )
         return errs
     per_device = spec.get("perDeviceNodeSelection") is True
-    seen: set[str] = set()
     for i, dev in enumerate(devices):
         errs += validate_device(dev, f"spec.devices[{i}]", per_device)
+    # validateSet reports duplicates after every item's own errors, at the item's path.
+    seen: set[str] = set()
+    for i, dev in enumerate(devices):
         name = dev.get("name", "")
-        if name and name in seen:
-            errs.append(FieldError("Duplicate", f"spec.devices[{i}].name", name))
+        if name in seen:
+            errs.append(FieldError("Duplicate", f"spec.devices[{i}]", name))
         seen.add(name)
     return errs
 
 
 def validate_slice_update(new: Obj, old: Obj) -> list[FieldError]:
     errs: list[FieldError] = []
-    for path in (("driver",), ("pool", "name"), ("nodeName",)):
+    # Upstream's order: pool name, driver, node name.
+    for path in (("pool", "name"), ("driver",), ("nodeName",)):
         a: Any = old
         b: Any = new
         for part in path:

@@ -85,18 +85,11 @@ def _check_options(req: Request) -> tuple[bool, bool]:
                     "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
                 )
             )
-        if sie and not req.flag("allowWatchBookmarks"):
-            errs.append(
-                FieldError(
-                    "Forbidden",
-                    "allowWatchBookmarks",
-                    None,
-                    "sendInitialEvents requires setting allowWatchBookmarks to true",
-                )
-            )
         if errs:
             raise options_invalid("ListOptions", errs)
-        return sie, sie
+        # Without allowWatchBookmarks it is no watch-list request (isListWatchRequest
+        # upstream): the initial events still come, but no initial-events-end bookmark.
+        return sie, sie and req.flag("allowWatchBookmarks")
     if match:
         raise options_invalid(
             "ListOptions",

@@ -27,7 +27,7 @@ from .patch import (
 from .registry import Registry, Request, key_of, options_invalid
 from .resources import ResourceType
 from .schema import apply_field_validation, decode, omit_empty
-from .store import Key
+from .store import Key, key_text
 from .validation import (
     default_claim_spec,
     default_slice,
@@ -81,7 +81,14 @@ class Writer:
                     f"expected kind ({route.rtype.kind})"
                 )
         decoded = decode(route.rtype, route.version, body)
-        warnings = apply_field_validation(mode, decoded)
+        kind = route.rtype.kind
+        is_patch = req.content_type.split(";")[0].strip() in PATCH_TYPES
+        prefix = (
+            ""
+            if is_patch
+            else f'{kind} in version "{route.version}" cannot be handled as a {kind}: '
+        )
+        warnings = apply_field_validation(mode, decoded, prefix)
         obj = from_version(route.rtype, decoded.obj, route.version)
         obj["apiVersion"] = route.rtype.api_version("v1")
         obj["kind"] = route.rtype.kind
@@ -215,6 +222,19 @@ class Writer:
         route, rtype = req.route, req.route.rtype
         key: Key = self.reg.route_key(route)
         meta, old_meta = obj["metadata"], old["metadata"]
+        if meta.get("uid") and meta["uid"] != old_meta.get("uid"):
+            # A uid in the body becomes a storage precondition (rest.Update), checked before
+            # the update runs: a 409 storage error, not a 422 for an immutable field.
+            raise errors.conflict(
+                rtype.qualified,
+                rtype.group,
+                rtype.plural,
+                route.name or "",
+                f"StorageError: invalid object, Code: 4, Key: /registry/{rtype.plural}/"
+                f"{key_text(key)}, ResourceVersion: 0, AdditionalErrorMsg: Precondition "
+                f"failed: UID in precondition: {meta['uid']}, UID in object meta: "
+                f"{old_meta.get('uid', '')}",
+            )
         sent_rv = meta.get("resourceVersion")
         if sent_rv and sent_rv != old_meta["resourceVersion"]:
             raise errors.conflict(
@@ -281,11 +301,8 @@ class Writer:
     def patch(self, req: Request, raw: bytes) -> tuple[int, Obj, list[str]]:
         ctype = req.content_type.split(";")[0].strip()
         if ctype not in PATCH_TYPES:
-            raise APIError(
-                415,
-                "the body of the request was in an unknown format - accepted "
-                "media types include: " + ", ".join(PATCH_TYPES),
-            )
+            # The route itself refuses the type (go-restful's Consumes), before any handler.
+            raise APIError(415, "415: Unsupported Media Type", details={})
         force = req.params.get("force")
         if ctype == APPLY_PATCH:
             if not req.params.get("fieldManager"):
