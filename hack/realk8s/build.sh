@@ -4,8 +4,9 @@
 #
 #   hack/realk8s/build.sh [MINOR...]     MINOR: 1.37 (default) or 1.35
 #
-# Output: hack/realk8s/bin/<minor>/{kube-apiserver,etcd,kubectl,allocate} (git-ignored); allocate
-# is ours (tools/allocate: the scheduler's allocator on JSON). A build whose inputs (go.mod,
+# Output: hack/realk8s/bin/<minor>/{kube-apiserver,etcd,kubectl,allocate,kubelet-dra}
+# (git-ignored); allocate and kubelet-dra are ours (tools/: the scheduler's allocator on JSON,
+# the kubelet's DRA manager and plugin manager driven over stdin). A build whose inputs (go.mod,
 # go.sum, tools/, this script, the Go toolchain) are unchanged is a no-op. Prints how
 # long it took; the last line of each minor is the bin directory.
 set -euo pipefail
@@ -44,7 +45,7 @@ build_one() {
     stamp="$( (cat "$mod/go.mod" "$mod/go.sum" "$0"; find "$HERE/tools" -type f \( -name '*.go' -o -name go.mod \) | sort | xargs cat; go version) | sha256sum | cut -c1-16)"
     if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ] &&
         [ -x "$out/kube-apiserver" ] && [ -x "$out/etcd" ] && [ -x "$out/kubectl" ] &&
-        [ -x "$out/allocate" ]; then
+        [ -x "$out/allocate" ] && [ -x "$out/kubelet-dra" ]; then
         echo "build.sh: $minor ($version) is current, nothing to do (0 s)" >&2
         echo "$out"
         return
@@ -54,11 +55,11 @@ build_one() {
     start=$(date +%s)
     tmp="$(mktemp -d "$HERE/bin/.build-$minor.XXXXXX")"
     log="$HERE/bin/build-$minor.log"
-    echo "build.sh: building kube-apiserver, etcd, kubectl, allocate $version (a cold build takes about 10 min on 2 cores)" >&2
+    echo "build.sh: building kube-apiserver, etcd, kubectl, allocate, kubelet-dra $version (a cold build takes about 10 min on 2 cores)" >&2
     # go.sum is committed: go verifies every module it downloads against it (-mod=readonly).
     if ! (cd "$mod" && go build -trimpath -ldflags "$(ldflags_for "$version")" -o "$tmp/" \
             go.etcd.io/etcd/server/v3 k8s.io/kubernetes/cmd/kube-apiserver \
-            k8s.io/kubernetes/cmd/kubectl "$TOOLS/allocate") >"$log" 2>&1; then
+            k8s.io/kubernetes/cmd/kubectl "$TOOLS/allocate" "$TOOLS/kubelet-dra") >"$log" 2>&1; then
         rm -rf "$tmp"
         # One line: the module that could not be had, else go's first error.
         local what
@@ -73,7 +74,7 @@ build_one() {
     # The etcd main package is go.etcd.io/etcd/server/v3, so go names its binary "server".
     mv "$tmp/server" "$tmp/etcd"
     mkdir -p "$out"
-    for b in kube-apiserver etcd kubectl allocate; do mv -f "$tmp/$b" "$out/$b"; done
+    for b in kube-apiserver etcd kubectl allocate kubelet-dra; do mv -f "$tmp/$b" "$out/$b"; done
     rmdir "$tmp"
     echo "$stamp" >"$out/.stamp"
     echo "build.sh: $minor ($version) built in $(( $(date +%s) - start )) s, $(du -sh "$out" | cut -f1) in $out" >&2

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from tests.e2e.harness import DRIVER, AgentProcess, device_classes
@@ -88,6 +90,8 @@ def scheduler_allocate(cluster: RealCluster, claims: Sequence[Mapping[str, Any]]
     out = subprocess.run([str(bin_dir(cluster.minor) / "allocate")], input=json.dumps(doc),
                          capture_output=True, text=True, timeout=60, check=False)
     answer = json.loads(out.stdout or "{}")
+    if answer.get("unschedulable"):  # kept for the failure message: what the allocator saw
+        (Path(tempfile.gettempdir()) / "allocate-input.json").write_text(json.dumps(doc))
     assert out.returncode == 0 and not answer.get("unschedulable"), (out.stdout, out.stderr)
     allocations: dict[str, Any] = answer["allocations"]
     return allocations

@@ -1,0 +1,237 @@
+// Command kubelet-dra runs the kubelet's own DRA code outside a kubelet: the real
+// pkg/kubelet/cm/dra Manager (claim cache and checkpoint, plugin calls, slice wiping, the
+// reconcile loop) and the real plugin manager watching <root-dir>/plugins_registry, with a
+// node kubeconfig, so that tests drive a DRA driver exactly as a kubelet would.
+//
+// One JSON request per line on stdin, one JSON answer line each on stdout:
+//
+//	{"op":"prepare","pod":POD}                    -> {} or {"error":"..."}
+//	{"op":"resources","pod":POD,"container":NAME} -> {"cdiDevices":["vendor/class=name",...]}
+//	{"op":"unprepare","pod":POD}                  -> {} or {"error":"..."}
+//	{"op":"active","pods":[POD,...]}              -> {} (what the reconcile loop sees running;
+//	                                                 it unprepares nothing before the first)
+//	{"op":"plugins","drivers":[NAME,...]}         -> {"plugins":{"NAME":true|false}}
+//
+// POD is a v1 Pod as the API server returns it. Restarting the program on the same --root-dir
+// is a kubelet restart: the Manager reloads its checkpoint from there.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sync"
+	"sync/atomic"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	pluginregistration "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
+	draplugin "k8s.io/kubernetes/pkg/kubelet/cm/dra/plugin"
+	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
+
+	// Registers the Kubernetes feature gates with their defaults at this version.
+	_ "k8s.io/kubernetes/pkg/features"
+)
+
+type request struct {
+	Op        string    `json:"op"`
+	Pod       *v1.Pod   `json:"pod,omitempty"`
+	Pods      []*v1.Pod `json:"pods,omitempty"`
+	Container string    `json:"container,omitempty"`
+	Drivers   []string  `json:"drivers,omitempty"`
+}
+
+type answer struct {
+	Error      string          `json:"error,omitempty"`
+	CDIDevices []string        `json:"cdiDevices,omitempty"`
+	Plugins    map[string]bool `json:"plugins,omitempty"`
+}
+
+// sources: the kubelet's pod sources count as complete once the test has said which pods
+// run ("active"), as a kubelet's do once it has heard from the API server. Until then the
+// reconcile loop leaves checkpointed claims alone, which is what a restarted kubelet does.
+type sources struct{ ready atomic.Bool }
+
+func (*sources) AddSource(string) {}
+func (s *sources) AllReady() bool { return s.ready.Load() }
+
+type harness struct {
+	manager *dra.Manager
+	sources *sources
+	mu      sync.Mutex
+	active  []*v1.Pod
+}
+
+func main() {
+	kubeconfig := flag.String("kubeconfig", "", "node kubeconfig (the kubelet's identity)")
+	nodeName := flag.String("node-name", "", "this node's name")
+	rootDir := flag.String("root-dir", "", "the kubelet's root dir (plugins_registry, state)")
+	gates := flag.String("feature-gates", "", "feature gates, as the kubelet's --feature-gates")
+	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
+	klog.InitFlags(klogFlags)
+	flag.Parse()
+	if err := run(*kubeconfig, *nodeName, *rootDir, *gates); err != nil {
+		fmt.Fprintln(os.Stderr, "kubelet-dra:", err)
+		os.Exit(1)
+	}
+}
+
+func run(kubeconfig, nodeName, rootDir, gates string) error {
+	if kubeconfig == "" || nodeName == "" || rootDir == "" {
+		return errors.New("--kubeconfig, --node-name and --root-dir are required")
+	}
+	if gates != "" {
+		if err := utilfeature.DefaultMutableFeatureGate.Set(gates); err != nil {
+			return fmt.Errorf("--feature-gates: %w", err)
+		}
+	}
+	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(config)
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	registry := filepath.Join(rootDir, "plugins_registry")
+	if err := os.MkdirAll(registry, 0o750); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logger := klog.FromContext(ctx)
+	manager, err := dra.NewManager(logger, client, rootDir)
+	if err != nil {
+		return fmt.Errorf("DRA manager: %w", err)
+	}
+	h := &harness{manager: manager, sources: &sources{}}
+	getNode := nodeGetter(func(ctx context.Context) (*v1.Node, error) {
+		return client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	})
+	if err := manager.Start(ctx, h.activePods, getNode, h.sources); err != nil {
+		return fmt.Errorf("DRA manager start: %w", err)
+	}
+	plugins := pluginmanager.NewPluginManager(registry, record.NewFakeRecorder(100))
+	plugins.AddHandler(pluginregistration.DRAPlugin, manager.GetWatcherHandler())
+	go plugins.Run(ctx, &sources{}, ctx.Done()) // the plugin manager never waits for pods
+	return h.serve(ctx)
+}
+
+// nodeGetter adapts to dra.GetNodeFunc, which takes a context since 1.37 and none before.
+func nodeGetter(get func(context.Context) (*v1.Node, error)) dra.GetNodeFunc {
+	t := reflect.TypeOf(dra.GetNodeFunc(nil))
+	fn := reflect.MakeFunc(t, func(args []reflect.Value) []reflect.Value {
+		ctx := context.Background()
+		if len(args) == 1 {
+			ctx = args[0].Interface().(context.Context)
+		}
+		node, err := get(ctx)
+		errValue := reflect.Zero(reflect.TypeOf((*error)(nil)).Elem())
+		if err != nil {
+			errValue = reflect.ValueOf(&err).Elem()
+		}
+		return []reflect.Value{reflect.ValueOf(node), errValue}
+	})
+	return fn.Interface().(dra.GetNodeFunc)
+}
+
+func (h *harness) activePods() []*v1.Pod {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]*v1.Pod(nil), h.active...)
+}
+
+func (h *harness) serve(ctx context.Context) error {
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 1<<20), 16<<20)
+	out := json.NewEncoder(os.Stdout)
+	for in.Scan() {
+		var req request
+		var ans answer
+		if err := json.Unmarshal(in.Bytes(), &req); err != nil {
+			ans.Error = "request: " + err.Error()
+		} else {
+			ans = h.handle(ctx, req)
+		}
+		if err := out.Encode(ans); err != nil {
+			return err
+		}
+	}
+	return in.Err()
+}
+
+func (h *harness) handle(ctx context.Context, req request) answer {
+	needPod := func() error {
+		if req.Pod == nil {
+			return fmt.Errorf("op %q needs a pod", req.Op)
+		}
+		return nil
+	}
+	switch req.Op {
+	case "prepare":
+		if err := needPod(); err != nil {
+			return answer{Error: err.Error()}
+		}
+		if err := h.manager.PrepareResources(ctx, req.Pod); err != nil {
+			return answer{Error: err.Error()}
+		}
+	case "unprepare":
+		if err := needPod(); err != nil {
+			return answer{Error: err.Error()}
+		}
+		if err := h.manager.UnprepareResources(ctx, req.Pod); err != nil {
+			return answer{Error: err.Error()}
+		}
+	case "resources":
+		if err := needPod(); err != nil {
+			return answer{Error: err.Error()}
+		}
+		for i := range req.Pod.Spec.Containers {
+			container := &req.Pod.Spec.Containers[i]
+			if container.Name != req.Container {
+				continue
+			}
+			info, err := h.manager.GetResources(req.Pod, container)
+			if err != nil {
+				return answer{Error: err.Error()}
+			}
+			devices := []string{}
+			for _, d := range info.CDIDevices {
+				devices = append(devices, d.Name)
+			}
+			return answer{CDIDevices: devices}
+		}
+		return answer{Error: fmt.Sprintf("pod has no container %q", req.Container)}
+	case "active":
+		h.mu.Lock()
+		h.active = req.Pods
+		h.mu.Unlock()
+		h.sources.ready.Store(true)
+	case "plugins":
+		plugins, ok := h.manager.GetWatcherHandler().(*draplugin.DRAPluginManager)
+		if !ok {
+			return answer{Error: "the DRA manager's plugin handler is not a DRAPluginManager"}
+		}
+		found := map[string]bool{}
+		for _, name := range req.Drivers {
+			_, err := plugins.GetPlugin(name)
+			found[name] = err == nil
+		}
+		return answer{Plugins: found}
+	default:
+		return answer{Error: fmt.Sprintf("unknown op %q", req.Op)}
+	}
+	return answer{}
+}

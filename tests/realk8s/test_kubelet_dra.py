@@ -1,0 +1,130 @@
+"""The kubelet's own DRA manager (bin/<minor>/kubelet-dra) drives the agent, and the
+scheduler's own allocator places the claims: prepare, the container's CDI IDs, a kubelet
+restart, unprepare."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.harness import DRIVER, GPU_CLASS, NIC_CLASS, NodeDirs
+from tests.realk8s.agent import allocate, make_claim, revisions, wait_settled
+from tests.realk8s.cluster import RealCluster
+from tests.realk8s.conftest import StartAgent
+from tests.realk8s.kubelet import KubeletDRA
+from tests.realk8s.test_node_identity import pod_using
+from tests.waiting import wait_for
+
+StartKubelet = Callable[[Path, str], KubeletDRA]
+
+
+@pytest.fixture
+def start_kubelet(minor: str, dirs: NodeDirs) -> Iterator[StartKubelet]:
+    started: list[KubeletDRA] = []
+
+    def start(kubeconfig: Path, node: str) -> KubeletDRA:
+        kubelet = KubeletDRA(minor, kubeconfig, node, dirs.kubelet)
+        started.append(kubelet)
+        return kubelet
+
+    yield start
+    for kubelet in started:
+        kubelet.stop()
+    if started:
+        print(f"--- kubelet-dra ---\n{started[-1].logs()}")
+
+
+def get_pod(cluster: RealCluster, pod: dict[str, Any]) -> dict[str, Any]:
+    meta = pod["metadata"]
+    current = cluster.get(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
+    assert current is not None
+    return current
+
+
+def inject(cdi_check: Path, dirs: NodeDirs, ids: list[str]) -> dict[str, Any]:
+    out = subprocess.run([str(cdi_check), "inject", str(dirs.cdi), *ids], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
+
+
+@pytest.mark.parametrize("identity", ["node", "daemonset"])
+def test_kubelet_prepares_restarts_and_unprepares(
+    cluster: RealCluster, node: str, identity: str, dirs: NodeDirs, start_agent: StartAgent,
+    start_kubelet: StartKubelet, cdi_check_bin: Path, minor: str,
+) -> None:
+    node_kubeconfig = cluster.node_kubeconfig(node)
+    agent_kubeconfig = (node_kubeconfig if identity == "node"
+                        else cluster.agent_kubeconfig(node))
+    agent = start_agent(agent_kubeconfig, node)
+    before = wait_settled(cluster, node, agent)
+    kubelet = start_kubelet(node_kubeconfig, node)
+    wait_for(lambda: kubelet.registered(DRIVER)[DRIVER], timeout=20,
+             what="the kubelet's plugin manager registers the agent")
+    # The kubelet's own start wipes the node's slices (one DeleteCollection); the agent
+    # publishes them again.
+    wait_for(lambda: set(revisions(cluster, node)).isdisjoint(before) and
+             revisions(cluster, node), timeout=20, what="slices wiped by the kubelet, restored")
+    wait_settled(cluster, node, agent)
+
+    claim = make_claim(cluster, f"pair-{identity}-{node}", [("gpu", GPU_CLASS),
+                                                             ("nic", NIC_CLASS)])
+    pod = pod_using(cluster, node, claim)
+    claim = allocate(cluster, claim, node, pod=pod)
+    pod = get_pod(cluster, pod)
+    uid = claim["metadata"]["uid"]
+    allocated = claim["status"]["allocation"]["devices"]["results"]
+
+    kubelet.active([pod])
+    assert kubelet.prepare(pod) == ""
+    ids = kubelet.resources(pod, "c")
+    assert sorted(ids) == sorted(f"k8s.{DRIVER}/claim={uid}-{r['device']}" for r in allocated)
+    env = dict(e.split("=", 1) for e in inject(cdi_check_bin, dirs, ids)["process"]["env"])
+    assert env["DRA_AGENT_CLAIM_UID"] == uid
+
+    # A kubelet restart: its checkpoint says prepared, it asks again, the answer is the same.
+    kubelet.stop()
+    kubelet = start_kubelet(node_kubeconfig, node)
+    wait_for(lambda: kubelet.registered(DRIVER)[DRIVER], timeout=20, what="re-registration")
+    kubelet.active([pod])
+    assert kubelet.prepare(pod) == ""
+    again = kubelet.resources(pod, "c")
+    # The agent answers the repeat identically; the 1.35 kubelet then lists each CDI ID twice
+    # (its claim cache appends the re-sent devices to the ones restored from its checkpoint;
+    # runtimes inject a device once), 1.37 once.
+    assert sorted(set(again)) == sorted(ids)
+    assert len(again) == (2 * len(ids) if minor == "1.35" else len(ids)), again
+
+    assert kubelet.unprepare(pod) == ""
+    assert dirs.cdi_files() == []
+    assert dirs.records() == {}
+
+
+def test_kubelet_refuses_a_pod_the_claim_is_not_reserved_for(
+    cluster: RealCluster, node: str, dirs: NodeDirs, start_agent: StartAgent,
+    start_kubelet: StartKubelet,
+) -> None:
+    """The real kubelet checks reservedFor itself, before any plugin call."""
+    node_kubeconfig = cluster.node_kubeconfig(node)
+    agent = start_agent(node_kubeconfig, node)
+    wait_settled(cluster, node, agent)
+    before = revisions(cluster, node)
+    kubelet = start_kubelet(node_kubeconfig, node)
+    wait_for(lambda: kubelet.registered(DRIVER)[DRIVER], timeout=20, what="registration")
+    wait_for(lambda: set(revisions(cluster, node)).isdisjoint(before) and
+             revisions(cluster, node), timeout=20, what="slices wiped by the kubelet, restored")
+    wait_settled(cluster, node, agent)
+    claim = make_claim(cluster, f"other-{node}", [("gpu", GPU_CLASS)])
+    pod = pod_using(cluster, node, claim)
+    allocate(cluster, claim, node)  # reserved for some other pod
+    pod = get_pod(cluster, pod)
+    kubelet.active([pod])
+    error = kubelet.prepare(pod)
+    assert "is not allowed to use ResourceClaim" in error, error
+    assert dirs.cdi_files() == []
