@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,15 +43,10 @@ def srv() -> Iterator[FakeAPIServer]:
 @pytest.fixture(scope="session")
 def real_cluster() -> Iterator[Any]:
     """The real kube-apiserver, started once (only with FAKE_APISERVER_TESTS_AGAINST=real)."""
-    from tests.realk8s.cluster import RealCluster, minor_under_test
+    from tests.realk8s.cluster import running
 
-    root = Path(tempfile.mkdtemp(prefix="fakeparity-"))
-    cluster = RealCluster.up(root / "c", minor_under_test())
-    try:
+    with running("fakeparity-") as cluster:
         yield cluster
-    finally:
-        cluster.down()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
@@ -78,15 +71,10 @@ def api_client(request: pytest.FixtureRequest) -> Iterator[client.ApiClient]:
 def v1_only_cluster() -> Iterator[Any]:
     """A real server run as upstream's default: resource.k8s.io served at v1 only (the shared
     one serves v1beta2 and v1beta1 too, which hack/realk8s does by default)."""
-    from tests.realk8s.cluster import RealCluster, minor_under_test
+    from tests.realk8s.cluster import running
 
-    root = Path(tempfile.mkdtemp(prefix="fakeparity-v1-"))
-    cluster = RealCluster.up(root / "c", minor_under_test(), "--resource-versions", "v1")
-    try:
+    with running("fakeparity-v1-", "--resource-versions", "v1") as cluster:
         yield cluster
-    finally:
-        cluster.down()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

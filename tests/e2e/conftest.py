@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import AgentProcess, Cluster, NodeDirs
+from tests.e2e.harness import AgentProcess, Cluster, NodeDirs, reap
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.kubelet import KubeletStandIn
 
@@ -43,11 +43,7 @@ def start_agent(dirs: NodeDirs, cluster: Cluster) -> Iterator[StartAgent]:
         return agent
 
     yield start
-    for agent in started:
-        if agent.alive():
-            agent.kill()
-        # Shown by pytest only when the test failed: what each agent said.
-        print(f"--- {agent.log.name} (exit {agent.proc.returncode}) ---\n{agent.logs()[-6000:]}")
+    reap(started)
 
 
 @pytest.fixture

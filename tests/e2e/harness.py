@@ -230,6 +230,15 @@ class AgentProcess:
         raise AssertionError(f"no VmRSS for pid {self.pid}")
 
 
+def reap(started: Sequence[AgentProcess], tail: int = 8000) -> None:
+    """Kill the agents a test started and print what each said (pytest shows it when the
+    test failed)."""
+    for agent in started:
+        if agent.alive():
+            agent.kill()
+        print(f"--- {agent.log.name} (exit {agent.proc.returncode}) ---\n{agent.logs()[-tail:]}")
+
+
 def wait_registered(kubelet: KubeletStandIn, since: int = 0,
                     timeout: float = 20.0) -> Registration:
     """Wait for a registration of the driver (at index >= ``since``) that stays put.

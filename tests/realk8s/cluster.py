@@ -8,9 +8,12 @@ green suite also means the scripts work. Requests go through the agent's own tra
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
+import shutil
 import subprocess
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,3 +240,15 @@ def status_text(resp: Response) -> str:
     except ValueError:
         return f"{resp.status} {resp.data[:200]!r}"
     return f"{resp.status} {doc.get('reason', '')}: {doc.get('message', '')}"
+
+
+@contextlib.contextmanager
+def running(prefix: str, *up_args: str) -> Iterator[RealCluster]:
+    """A cluster of the minor under test in a fresh temp dir, stopped and removed after."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    cluster = RealCluster.up(root / "c", minor_under_test(), *up_args)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+        shutil.rmtree(root, ignore_errors=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import AgentProcess, NodeDirs
+from tests.e2e.harness import AgentProcess, NodeDirs, reap
 from tests.fakes.kubelet import KubeletStandIn
 from tests.realk8s.cluster import RealCluster, bin_dir, minor_under_test
 
@@ -107,10 +107,7 @@ def start_agent(dirs: NodeDirs) -> Iterator[StartAgent]:
         return agent
 
     yield start
-    for agent in started:
-        if agent.alive():
-            agent.kill()
-        print(f"--- {agent.log.name} (exit {agent.proc.returncode}) ---\n{agent.logs()[-8000:]}")
+    reap(started)
 
 
 @pytest.fixture
