@@ -130,9 +130,29 @@ def uid_problem(uid: str) -> str | None:
     return None
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?", re.ASCII)
+_DNS_SUBDOMAIN = re.compile(
+    r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*", re.ASCII)
+
+
+def name_problem(namespace: str, name: str) -> str | None:
+    """Why ``namespace``/``name`` cannot be a ResourceClaim's, or None when they can.
+
+    The API server only ever names claims so (a namespace is a DNS label, a claim a DNS
+    subdomain). Anything else from the kubelet socket would end up in a request path sent
+    with the agent's credentials (``..``, ``/``, ``?``), so it is refused before any request.
+    """
+    if len(namespace) > 63 or not _DNS_LABEL.fullmatch(namespace):
+        return f"the claim namespace {namespace!r} is not a DNS label"
+    if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+        return f"the claim name {name!r} is not a DNS subdomain"
+    return None
+
+
 def check_uid(ref: ClaimRef) -> None:
-    """Refuse a claim UID that no CDI name or spec file can hold, before any other work."""
-    problem = uid_problem(ref.uid)
+    """Refuse a claim UID that no CDI name or spec file can hold, and a namespace or name no
+    claim can have, before any other work."""
+    problem = uid_problem(ref.uid) or name_problem(ref.namespace, ref.name)
     if problem is not None:
         raise ClaimError(str(ref), problem)
 

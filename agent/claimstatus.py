@@ -34,8 +34,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
-from agent.apiversions import CLAIM_API_VERSIONS, ServedVersions
+from agent.apiversions import CLAIM_API_VERSIONS, ServedVersions, discovery_probe
 from agent.kubehttp import KubeAPIError, as_kubehttp, parse_status
 from agent.metrics import Metrics
 
@@ -173,7 +174,7 @@ class ClaimStatusWriter:
         #: Short: the write happens inside the kubelet's 45 s prepare call.
         self.timeout_s = timeout_s
         self._now = now
-        self._versions = ServedVersions(versions)
+        self._versions = ServedVersions(versions, probe=discovery_probe(self._http))
         self._lock = threading.Lock()
         self._forbidden_logged = False
 
@@ -250,7 +251,8 @@ class ClaimStatusWriter:
                 "metadata": {"name": name, "namespace": ns, "uid": meta.get("uid")},
                 "status": {"devices": list(entries)},
             }
-            path = f"/apis/{_GROUP}/{version}/namespaces/{ns}/resourceclaims/{name}/status"
+            path = (f"/apis/{_GROUP}/{version}/namespaces/{quote(ns, safe='')}"
+                    f"/resourceclaims/{quote(name, safe='')}/status")
             status, reason, data = self._patch(path, body, label)
             if 200 <= status < 300:
                 return

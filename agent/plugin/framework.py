@@ -23,8 +23,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import quote
 
-from agent.apiversions import CLAIM_API_VERSIONS, ServedVersions
+from agent.apiversions import CLAIM_API_VERSIONS, ServedVersions, discovery_probe
 from agent.checkpoint import ClaimRecord
 from agent.claims import (
     Claim,
@@ -85,13 +86,15 @@ class APIClaimSource:
         self._http = self.api_client
         #: Well under the kubelet's 45 s call deadline, so the claim still gets its own answer.
         self.timeout_s = timeout_s
-        self._versions = ServedVersions(versions)
+        self._versions = ServedVersions(versions, probe=discovery_probe(self._http))
 
     def get(self, ref: ClaimRef) -> Mapping[str, Any]:
         for version in self._versions.candidates():
+            # Checked as DNS names already (check_uid); quoted all the same, so that no
+            # value can ever reach another path with the agent's credentials.
             path = (
-                f"/apis/resource.k8s.io/{version}/namespaces/{ref.namespace}"
-                f"/resourceclaims/{ref.name}"
+                f"/apis/resource.k8s.io/{version}/namespaces/{quote(ref.namespace, safe='')}"
+                f"/resourceclaims/{quote(ref.name, safe='')}"
             )
             try:
                 resp = self._http.request("GET", path, timeout=self.timeout_s)

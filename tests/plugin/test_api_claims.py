@@ -70,3 +70,63 @@ def test_plugin_with_api_server_prepares_and_unprepares_without_it(
             srv.start()
     finally:
         server.stop(0)
+
+
+def test_a_stray_404_does_not_drop_a_served_version(srv: FakeAPIServer) -> None:
+    """A 404 not naming the claim (a proxy, an upgrade in progress) fails this GET only:
+    discovery still lists v1, so v1 stays the version used."""
+    claim = srv.put_object(make_claim("c1", ["gpu-0"]))
+    source = APIClaimSource(srv.api_client())
+    target = ClaimRef("default", "c1", claim["metadata"]["uid"])
+    srv.fail_next(1, 404, verb="get", path_contains="/v1/")
+    with pytest.raises(ClaimFetchError, match="404"):
+        source.get(target)
+    before = len(srv.requests)
+    assert source.get(target)["metadata"]["name"] == "c1"
+    assert [r.path for r in srv.requests[before:]] == [
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c1"]
+
+
+def test_an_unserved_version_is_dropped_on_proof_and_tried_again_later() -> None:
+    from agent.apiversions import ServedVersions
+
+    now = [0.0]
+    answers: dict[str, bool | None] = {"v1": None}
+    versions = ServedVersions(probe=lambda v: answers[v], retry_after_s=60, clock=lambda: now[0])
+    assert versions.not_served("v1") is False  # discovery did not answer: no proof
+    answers["v1"] = True
+    assert versions.not_served("v1") is False  # discovery lists it: keep it
+    assert versions.candidates() == ["v1", "v1beta2", "v1beta1"]
+    answers["v1"] = False
+    assert versions.not_served("v1") is True  # proven unserved: the next one is tried
+    assert versions.candidates() == ["v1beta2", "v1beta1"]
+    now[0] = 61.0  # an upgrade may have brought it: looked at again
+    assert versions.candidates() == ["v1", "v1beta2", "v1beta1"]
+
+
+@pytest.mark.parametrize(("namespace", "name"), [
+    ("default", "../../../api/v1/secrets"), ("default", "c1?watch=true"), ("default", "a/b"),
+    ("kube-system/..", "c1"), ("Default", "c1"), ("default", "C1"), ("default", "x" * 254),
+    ("n" * 64, "c1"), ("default", "c1\n"),
+])
+def test_impossible_claim_names_never_reach_the_api_server(
+    srv: FakeAPIServer, short_root: Path, namespace: str, name: str
+) -> None:
+    n = build_node(short_root)
+    n.kubelet.stop()
+    n.server.stop(0)
+    server = PluginServer(n.options, srv.api_client(), lambda: Inventory(devices=(gpu(0),)),
+                          NodeEdits(), Metrics())
+    server.start()
+    try:
+        with KubeletStandIn(n.options.kubelet_dir / "plugins_registry") as kubelet:
+            kubelet.wait_registered(DRIVER)
+            before = len(srv.requests)
+            uid = "6c2bdfd4-66d5-4f4b-9a4b-5d1c9b0b8f21"
+            from tests.fakes.kubelet import ClaimRef as KubeletRef
+
+            result = kubelet.prepare(DRIVER, [KubeletRef(namespace, name, uid)])[uid]
+            assert not result.ok and "is not a DNS" in (result.error or ""), result.error
+            assert srv.requests[before:] == []
+    finally:
+        server.stop(0)
