@@ -90,7 +90,7 @@ class PreparedDevice:
             requests=_str_tuple(obj, "requests"),
             cdi_ids=_str_tuple(obj, "cdiDeviceIDs"),
             share_id=_opt_str(obj, "shareID"),
-            admin_access=bool(obj.get("adminAccess", False)),
+            admin_access=_bool(obj, "adminAccess"),
             extra={k: v for k, v in obj.items() if k not in known},
         )
 
@@ -178,7 +178,7 @@ class ClaimRecord:
             spec_path=_opt_str(obj, "specPath") or "",
             boot_id=_opt_str(obj, "bootID") or "",
             updated=_opt_str(obj, "updated") or "",
-            recovered=bool(obj.get("recovered", False)),
+            recovered=_bool(obj, "recovered"),
             allocation=allocation,
             extra={k: v for k, v in obj.items() if k not in known},
         )
@@ -259,6 +259,15 @@ def salvage(raw: bytes) -> dict[str, ClaimRecord]:
         except (ValueError, TypeError):
             continue
     return out
+
+
+def _bool(obj: Mapping[str, Any], key: str) -> bool:
+    """A JSON boolean, absent meaning false. Anything else is corruption: ``bool("false")``
+    is True, and a record that claims admin access it never had could take a held device."""
+    value = obj.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, not {value!r}")
+    return value
 
 
 def _mapping(value: Any, what: str) -> Mapping[str, Any]:

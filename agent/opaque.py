@@ -127,8 +127,14 @@ def env_denied(name: str, deny: Iterable[str] = ()) -> str | None:
     return None
 
 
+#: Names every pod already has: moving a NIC in under one of them fails or replaces the pod's
+#: own network (the CNI's interface is eth0 nearly everywhere).
+_POD_INTERFACES = (".", "..", "lo", "eth0")
+
+
 def valid_interface_name(name: str) -> bool:
-    return bool(_IFNAME.fullmatch(name)) and name not in (".", "..") and len(name.encode()) <= 15
+    return (bool(_IFNAME.fullmatch(name)) and name not in _POD_INTERFACES
+            and name.isprintable() and len(name.encode()) <= 15)
 
 
 def decode_config(params: Any, *, from_class: bool = False) -> DeviceConfig:
@@ -214,8 +220,9 @@ def _decode_netdev(params: Mapping[str, Any]) -> NetdevConfig:
         if not isinstance(name, str) or not valid_interface_name(name):
             raise ConfigDecodeError(
                 "netdev.interfaceName",
-                f"{name!r} is not a valid Linux interface name (1-15 bytes, no '/', ':' or "
-                "whitespace, not '.' or '..')",
+                f"{name!r} is not a valid Linux interface name (1-15 bytes, no '/', ':', "
+                "whitespace or control characters, not '.', '..', nor the pod's own 'lo' or "
+                "'eth0')",
             )
         if move is False:
             # Said in the same breath as "do not move": the name could never take effect.

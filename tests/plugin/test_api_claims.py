@@ -87,23 +87,6 @@ def test_a_stray_404_does_not_drop_a_served_version(srv: FakeAPIServer) -> None:
         "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c1"]
 
 
-def test_an_unserved_version_is_dropped_on_proof_and_tried_again_later() -> None:
-    from agent.apiversions import ServedVersions
-
-    now = [0.0]
-    answers: dict[str, bool | None] = {"v1": None}
-    versions = ServedVersions(probe=lambda v: answers[v], retry_after_s=60, clock=lambda: now[0])
-    assert versions.not_served("v1") is False  # discovery did not answer: no proof
-    answers["v1"] = True
-    assert versions.not_served("v1") is False  # discovery lists it: keep it
-    assert versions.candidates() == ["v1", "v1beta2", "v1beta1"]
-    answers["v1"] = False
-    assert versions.not_served("v1") is True  # proven unserved: the next one is tried
-    assert versions.candidates() == ["v1beta2", "v1beta1"]
-    now[0] = 61.0  # an upgrade may have brought it: looked at again
-    assert versions.candidates() == ["v1", "v1beta2", "v1beta1"]
-
-
 @pytest.mark.parametrize(("namespace", "name"), [
     ("default", "../../../api/v1/secrets"), ("default", "c1?watch=true"), ("default", "a/b"),
     ("kube-system/..", "c1"), ("Default", "c1"), ("default", "C1"), ("default", "x" * 254),

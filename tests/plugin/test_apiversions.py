@@ -27,3 +27,18 @@ def test_a_version_another_thread_already_dropped_still_means_try_the_next() -> 
     assert served.not_served("v1") is True
     assert served.not_served(snapshot[0]) is True
     assert served.candidates() == ["v1beta2", "v1beta1"]
+
+
+def test_an_unserved_version_is_dropped_on_proof_and_tried_again_later() -> None:
+    now = [0.0]
+    answers: dict[str, bool | None] = {"v1": None}
+    versions = ServedVersions(probe=lambda v: answers[v], retry_after_s=60, clock=lambda: now[0])
+    assert versions.not_served("v1") is False  # discovery did not answer: no proof
+    answers["v1"] = True
+    assert versions.not_served("v1") is False  # discovery lists it: keep it
+    assert versions.candidates() == ["v1", "v1beta2", "v1beta1"]
+    answers["v1"] = False
+    assert versions.not_served("v1") is True  # proven unserved: the next one is tried
+    assert versions.candidates() == ["v1beta2", "v1beta1"]
+    now[0] = 61.0  # an upgrade may have brought it: looked at again
+    assert versions.candidates() == ["v1", "v1beta2", "v1beta1"]

@@ -71,6 +71,20 @@ def test_unknown_state_is_corrupt() -> None:
         decode(json.dumps(doc).encode())
 
 
+@pytest.mark.parametrize(("where", "key"), [("device", "adminAccess"), ("claim", "recovered")])
+@pytest.mark.parametrize("value", ["false", "true", 0, 1, None, []])
+def test_booleans_that_are_not_json_booleans_are_corrupt(where: str, key: str,
+                                                          value: object) -> None:
+    """``"false"`` must never read as True (admin access would let a record take a device
+    another claim holds)."""
+    doc = json.loads(encode(CheckpointData(claims={"u1": record("u1")})))
+    target = doc["claims"]["u1"]["devices"][0] if where == "device" else doc["claims"]["u1"]
+    target[key] = value
+    doc["checksum"] = checksum(doc)
+    with pytest.raises(CheckpointCorruptError, match=f"{key} must be true or false"):
+        decode(json.dumps(doc).encode())
+
+
 @pytest.mark.parametrize("raw", [b"", b"{", b"[]", b"\xff\xfe", b'{"claims": {}}'])
 def test_garbage_is_corrupt(raw: bytes) -> None:
     with pytest.raises(CheckpointCorruptError):
