@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +59,12 @@ class Credentials:
     cert_file: str | None = None
     key_file: str | None = None
     cert_data: bytes | None = None
-    key_data: bytes | None = None
-    token: str | None = None
+    # Secrets stay out of repr(): a Credentials in a log line or a traceback leaks nothing.
+    key_data: bytes | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
     token_file: str | None = None
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     insecure: bool = False
     tls_server_name: str | None = None
     proxy_url: str | None = None

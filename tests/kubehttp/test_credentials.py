@@ -148,3 +148,13 @@ def test_in_cluster_without_its_parts_says_which(tmp_path: Path, missing: str) -
     with pytest.raises(CredentialsError, match="KUBERNETES_SERVICE" if missing == "env"
                        else f"{missing} is missing"):
         load_in_cluster(env, sa)
+
+
+def test_repr_of_credentials_leaks_no_secret() -> None:
+    from agent.kubehttp_lean import Credentials
+
+    creds = Credentials(server="https://k", token="tok-SECRET", password="pw-SECRET",
+                        key_data=b"key-SECRET", username="admin")
+    text = repr(creds)
+    assert "SECRET" not in text
+    assert "https://k" in text and "admin" in text
