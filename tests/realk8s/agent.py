@@ -90,9 +90,11 @@ def scheduler_allocate(cluster: RealCluster, claims: Sequence[Mapping[str, Any]]
     out = subprocess.run([str(bin_dir(cluster.minor) / "allocate")], input=json.dumps(doc),
                          capture_output=True, text=True, timeout=60, check=False)
     answer = json.loads(out.stdout or "{}")
-    if answer.get("unschedulable"):  # kept for the failure message: what the allocator saw
-        (Path(tempfile.gettempdir()) / "allocate-input.json").write_text(json.dumps(doc))
-    assert out.returncode == 0 and not answer.get("unschedulable"), (out.stdout, out.stderr)
+    saved = Path(tempfile.gettempdir()) / "allocate-input.json"
+    if out.returncode != 0 or answer.get("unschedulable"):
+        saved.write_text(json.dumps(doc))  # what the allocator saw, for whoever debugs this
+    assert out.returncode == 0 and not answer.get("unschedulable"), (
+        f"{out.stdout}{out.stderr} (input kept in {saved})")
     allocations: dict[str, Any] = answer["allocations"]
     return allocations
 
