@@ -100,7 +100,8 @@ def scheduler_allocate(cluster: RealCluster, claims: Sequence[Mapping[str, Any]]
 
 
 def allocate(cluster: RealCluster, claim: Mapping[str, Any], node: str,
-             pod: Mapping[str, Any] | None = None) -> dict[str, Any]:
+             pod: Mapping[str, Any] | None = None,
+             pods: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """What the scheduler does: allocate with its own allocator against what the API server
     holds, then write allocation and reservedFor through /status, as its PreBind does."""
     meta = claim["metadata"]
@@ -110,10 +111,10 @@ def allocate(cluster: RealCluster, claim: Mapping[str, Any], node: str,
     assert current is not None
     allocation = scheduler_allocate(cluster, [current], node)[meta["uid"]]
     reserved = {"resource": "pods", "name": f"{meta['name']}-pod", "uid": str(uuid.uuid4())}
-    if pod is not None:
-        reserved = {"resource": "pods", "name": pod["metadata"]["name"],
-                    "uid": pod["metadata"]["uid"]}
-    current["status"] = {"allocation": allocation, "reservedFor": [reserved]}
+    users = [*([pod] if pod is not None else []), *pods]
+    reserved_for = [{"resource": "pods", "name": p["metadata"]["name"],
+                     "uid": p["metadata"]["uid"]} for p in users] or [reserved]
+    current["status"] = {"allocation": allocation, "reservedFor": reserved_for}
     resp = cluster.admin.request("PUT", path, body=current)
     resp.raise_for_status()
     allocated: dict[str, Any] = resp.json()

@@ -128,3 +128,36 @@ def test_kubelet_refuses_a_pod_the_claim_is_not_reserved_for(
     error = kubelet.prepare(pod)
     assert "is not allowed to use ResourceClaim" in error, error
     assert dirs.cdi_files() == []
+
+
+def test_a_claim_shared_by_three_pods(
+    cluster: RealCluster, node: str, dirs: NodeDirs, start_agent: StartAgent,
+    start_kubelet: StartKubelet,
+) -> None:
+    """One claim, three pods: prepared once and answered alike for each; the kubelet itself
+    sends no unprepare while another pod still uses the claim."""
+    node_kubeconfig = cluster.node_kubeconfig(node)
+    agent = start_agent(node_kubeconfig, node)
+    before = wait_settled(cluster, node, agent)
+    kubelet = start_kubelet(node_kubeconfig, node)
+    wait_for(lambda: kubelet.registered(DRIVER)[DRIVER], timeout=20, what="registration")
+    wait_for(lambda: set(revisions(cluster, node)).isdisjoint(before) and
+             revisions(cluster, node), timeout=20, what="slices wiped by the kubelet, restored")
+    wait_settled(cluster, node, agent)
+    claim = make_claim(cluster, f"shared-{node}", [("gpu", GPU_CLASS)])
+    pods = [pod_using(cluster, node, claim, suffix=f"pod{i}") for i in range(3)]
+    claim = allocate(cluster, claim, node, pods=pods)
+    pods = [get_pod(cluster, p) for p in pods]
+    kubelet.active(pods)
+    answers = []
+    for pod in pods:
+        assert kubelet.prepare(pod) == ""
+        answers.append(kubelet.resources(pod, "c"))
+    assert answers[0] and answers == [answers[0]] * 3
+    assert len(dirs.records()) == 1
+    for i, pod in enumerate(pods):
+        kubelet.active(pods[i + 1:])
+        assert kubelet.unprepare(pod) == ""
+        if i < 2:  # still in use by the pods left: the spec and the record stay
+            assert len(dirs.cdi_files()) == 1 and len(dirs.records()) == 1
+    assert dirs.cdi_files() == [] and dirs.records() == {}

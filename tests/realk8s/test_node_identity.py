@@ -13,13 +13,14 @@ from tests.realk8s.conftest import StartAgent
 from tests.realk8s.test_daemonset_identity import SLICES, foreign_slice
 
 
-def pod_using(cluster: RealCluster, node: str, claim: dict[str, Any]) -> dict[str, Any]:
+def pod_using(cluster: RealCluster, node: str, claim: dict[str, Any],
+              suffix: str = "pod") -> dict[str, Any]:
     """A Pod bound to ``node`` that names the claim: the Node authorizer's graph then lets the
     node read that claim, and only claims reached like this."""
     name = claim["metadata"]["name"]
     return cluster.create({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"{name}-pod", "namespace": claim["metadata"]["namespace"]},
+        "metadata": {"name": f"{name}-{suffix}", "namespace": claim["metadata"]["namespace"]},
         "spec": {"nodeName": node, "containers": [
             {"name": "c", "image": "busybox", "resources": {"claims": [{"name": "dev"}]}}],
                  "resourceClaims": [{"name": "dev", "resourceClaimName": name}]},
