@@ -161,3 +161,53 @@ def test_a_claim_shared_by_three_pods(
         if i < 2:  # still in use by the pods left: the spec and the record stay
             assert len(dirs.cdi_files()) == 1 and len(dirs.records()) == 1
     assert dirs.cdi_files() == [] and dirs.records() == {}
+
+
+def test_admin_access_to_a_device_another_pod_holds(
+    cluster: RealCluster, node: str, dirs: NodeDirs, start_agent: StartAgent,
+    start_kubelet: StartKubelet,
+) -> None:
+    """adminAccess (allowed only in a namespace labelled for it) gets a device an ordinary
+    claim already holds; the agent prepares both and marks the admin one in its env."""
+    node_kubeconfig = cluster.node_kubeconfig(node)
+    agent = start_agent(node_kubeconfig, node)
+    before = wait_settled(cluster, node, agent)
+    kubelet = start_kubelet(node_kubeconfig, node)
+    wait_for(lambda: kubelet.registered(DRIVER)[DRIVER], timeout=20, what="registration")
+    wait_for(lambda: set(revisions(cluster, node)).isdisjoint(before) and
+             revisions(cluster, node), timeout=20, what="slices wiped by the kubelet, restored")
+    wait_settled(cluster, node, agent)
+    ns = f"admin-{node}"
+    cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": ns, "labels": {"resource.kubernetes.io/admin-access": "true"}}})
+    cluster.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                    "metadata": {"name": "default", "namespace": ns}})
+
+    # Every GPU held by ordinary claims first.
+    holder: dict[str, dict[str, Any]] = {}  # device -> the pod whose claim holds it
+    for i in range(8):
+        claim = make_claim(cluster, f"user{i}-{node}", [("gpu", GPU_CLASS)])
+        pod = pod_using(cluster, node, claim)
+        claim = allocate(cluster, claim, node, pod=pod)
+        (held,) = claim["status"]["allocation"]["devices"]["results"]
+        holder[held["device"]] = get_pod(cluster, pod)
+    admin = cluster.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": f"monitor-{node}", "namespace": ns},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": GPU_CLASS, "adminAccess": True}}]}}})
+    admin_pod = pod_using(cluster, node, admin)
+    admin = allocate(cluster, admin, node, pod=admin_pod)
+    (result,) = admin["status"]["allocation"]["devices"]["results"]
+    assert result.get("adminAccess") is True
+    admin_pod = get_pod(cluster, admin_pod)
+    user = holder[result["device"]]  # the ordinary pod on the same GPU
+
+    kubelet.active([*holder.values(), admin_pod])
+    assert kubelet.prepare(user) == ""
+    assert kubelet.prepare(admin_pod) == ""
+    records = dirs.records()
+    assert len(records) == 2
+    assert [d["device"] for r in records.values() for d in r["devices"]] == [result["device"]] * 2
+    assert kubelet.unprepare(admin_pod) == "" and kubelet.unprepare(user) == ""
+    assert dirs.cdi_files() == []
