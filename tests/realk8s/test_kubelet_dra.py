@@ -54,15 +54,13 @@ def inject(cdi_check: Path, dirs: NodeDirs, ids: list[str]) -> dict[str, Any]:
     return doc
 
 
-@pytest.mark.parametrize("identity", ["node", "daemonset"])
-def test_kubelet_prepares_restarts_and_unprepares(
-    cluster: RealCluster, node: str, identity: str, dirs: NodeDirs, start_agent: StartAgent,
-    start_kubelet: StartKubelet, cdi_check_bin: Path, minor: str,
-) -> None:
+def agent_and_kubelet(cluster: RealCluster, node: str, start_agent: StartAgent,
+                      start_kubelet: StartKubelet, agent_kubeconfig: Path | None = None,
+                      ) -> KubeletDRA:
+    """The agent (node credentials unless told otherwise) and the kubelet's DRA code on
+    ``node``, registered, with the slices the kubelet wipes at its start published again."""
     node_kubeconfig = cluster.node_kubeconfig(node)
-    agent_kubeconfig = (node_kubeconfig if identity == "node"
-                        else cluster.agent_kubeconfig(node))
-    agent = start_agent(agent_kubeconfig, node)
+    agent = start_agent(agent_kubeconfig or node_kubeconfig, node)
     before = wait_settled(cluster, node, agent)
     kubelet = start_kubelet(node_kubeconfig, node)
     wait_for(lambda: kubelet.registered(DRIVER)[DRIVER], timeout=20,
@@ -72,6 +70,17 @@ def test_kubelet_prepares_restarts_and_unprepares(
     wait_for(lambda: set(revisions(cluster, node)).isdisjoint(before) and
              revisions(cluster, node), timeout=20, what="slices wiped by the kubelet, restored")
     wait_settled(cluster, node, agent)
+    return kubelet
+
+
+@pytest.mark.parametrize("identity", ["node", "daemonset"])
+def test_kubelet_prepares_restarts_and_unprepares(
+    cluster: RealCluster, node: str, identity: str, dirs: NodeDirs, start_agent: StartAgent,
+    start_kubelet: StartKubelet, cdi_check_bin: Path, minor: str,
+) -> None:
+    node_kubeconfig = cluster.node_kubeconfig(node)
+    kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet,
+                                None if identity == "node" else cluster.agent_kubeconfig(node))
 
     claim = make_claim(cluster, f"pair-{identity}-{node}", [("gpu", GPU_CLASS),
                                                              ("nic", NIC_CLASS)])
@@ -111,15 +120,7 @@ def test_kubelet_refuses_a_pod_the_claim_is_not_reserved_for(
     start_kubelet: StartKubelet,
 ) -> None:
     """The real kubelet checks reservedFor itself, before any plugin call."""
-    node_kubeconfig = cluster.node_kubeconfig(node)
-    agent = start_agent(node_kubeconfig, node)
-    wait_settled(cluster, node, agent)
-    before = revisions(cluster, node)
-    kubelet = start_kubelet(node_kubeconfig, node)
-    wait_for(lambda: kubelet.registered(DRIVER)[DRIVER], timeout=20, what="registration")
-    wait_for(lambda: set(revisions(cluster, node)).isdisjoint(before) and
-             revisions(cluster, node), timeout=20, what="slices wiped by the kubelet, restored")
-    wait_settled(cluster, node, agent)
+    kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet)
     claim = make_claim(cluster, f"other-{node}", [("gpu", GPU_CLASS)])
     pod = pod_using(cluster, node, claim)
     allocate(cluster, claim, node)  # reserved for some other pod
@@ -136,14 +137,7 @@ def test_a_claim_shared_by_three_pods(
 ) -> None:
     """One claim, three pods: prepared once and answered alike for each; the kubelet itself
     sends no unprepare while another pod still uses the claim."""
-    node_kubeconfig = cluster.node_kubeconfig(node)
-    agent = start_agent(node_kubeconfig, node)
-    before = wait_settled(cluster, node, agent)
-    kubelet = start_kubelet(node_kubeconfig, node)
-    wait_for(lambda: kubelet.registered(DRIVER)[DRIVER], timeout=20, what="registration")
-    wait_for(lambda: set(revisions(cluster, node)).isdisjoint(before) and
-             revisions(cluster, node), timeout=20, what="slices wiped by the kubelet, restored")
-    wait_settled(cluster, node, agent)
+    kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet)
     claim = make_claim(cluster, f"shared-{node}", [("gpu", GPU_CLASS)])
     pods = [pod_using(cluster, node, claim, suffix=f"pod{i}") for i in range(3)]
     claim = allocate(cluster, claim, node, pods=pods)
@@ -169,14 +163,7 @@ def test_admin_access_to_a_device_another_pod_holds(
 ) -> None:
     """adminAccess (allowed only in a namespace labelled for it) gets a device an ordinary
     claim already holds; the agent prepares both and marks the admin one in its env."""
-    node_kubeconfig = cluster.node_kubeconfig(node)
-    agent = start_agent(node_kubeconfig, node)
-    before = wait_settled(cluster, node, agent)
-    kubelet = start_kubelet(node_kubeconfig, node)
-    wait_for(lambda: kubelet.registered(DRIVER)[DRIVER], timeout=20, what="registration")
-    wait_for(lambda: set(revisions(cluster, node)).isdisjoint(before) and
-             revisions(cluster, node), timeout=20, what="slices wiped by the kubelet, restored")
-    wait_settled(cluster, node, agent)
+    kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet)
     ns = f"admin-{node}"
     cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
         "name": ns, "labels": {"resource.kubernetes.io/admin-access": "true"}}})
@@ -211,3 +198,36 @@ def test_admin_access_to_a_device_another_pod_holds(
     assert [d["device"] for r in records.values() for d in r["devices"]] == [result["device"]] * 2
     assert kubelet.unprepare(admin_pod) == "" and kubelet.unprepare(user) == ""
     assert dirs.cdi_files() == []
+
+
+def test_first_available_subrequest_reaches_the_container(
+    cluster: RealCluster, node: str, dirs: NodeDirs, start_agent: StartAgent,
+    start_kubelet: StartKubelet,
+) -> None:
+    """firstAvailable: the allocation names ``gpu/<sub>``; the container asks for request
+    ``gpu`` and the kubelet finds its CDI IDs only if the agent answers with the base name."""
+    kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet)
+    name = f"either-{node}"
+    claim = cluster.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+            {"name": "two", "deviceClassName": GPU_CLASS, "count": 2},
+            {"name": "one", "deviceClassName": GPU_CLASS}]}]}}})
+    pod = cluster.create({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-pod",
+                                                         "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [
+            {"name": "c", "image": "busybox",
+             "resources": {"claims": [{"name": "dev", "request": "gpu"}]}}],
+                 "resourceClaims": [{"name": "dev", "resourceClaimName": name}]}})
+    claim = allocate(cluster, claim, node, pod=pod)
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert {r["request"] for r in results} == {"gpu/two"} and len(results) == 2
+    pod = get_pod(cluster, pod)
+    kubelet.active([pod])
+    assert kubelet.prepare(pod) == ""
+    uid = claim["metadata"]["uid"]
+    assert sorted(kubelet.resources(pod, "c")) == sorted(
+        f"k8s.{DRIVER}/claim={uid}-{r['device']}" for r in results)
+    assert kubelet.unprepare(pod) == ""
