@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.harness import DRIVER, GPU_CLASS, NIC_CLASS, NodeDirs
+from tests.e2e.harness import DRIVER, GPU_CLASS, NIC_CLASS, AgentProcess, NodeDirs
 from tests.realk8s.agent import allocate, make_claim, revisions, wait_settled
 from tests.realk8s.cluster import RealCluster
 from tests.realk8s.conftest import StartAgent
@@ -56,7 +57,7 @@ def inject(cdi_check: Path, dirs: NodeDirs, ids: list[str]) -> dict[str, Any]:
 
 def agent_and_kubelet(cluster: RealCluster, node: str, start_agent: StartAgent,
                       start_kubelet: StartKubelet, agent_kubeconfig: Path | None = None,
-                      ) -> KubeletDRA:
+                      ) -> tuple[AgentProcess, KubeletDRA]:
     """The agent (node credentials unless told otherwise) and the kubelet's DRA code on
     ``node``, registered, with the slices the kubelet wipes at its start published again."""
     node_kubeconfig = cluster.node_kubeconfig(node)
@@ -70,7 +71,7 @@ def agent_and_kubelet(cluster: RealCluster, node: str, start_agent: StartAgent,
     wait_for(lambda: set(revisions(cluster, node)).isdisjoint(before) and
              revisions(cluster, node), timeout=20, what="slices wiped by the kubelet, restored")
     wait_settled(cluster, node, agent)
-    return kubelet
+    return agent, kubelet
 
 
 @pytest.mark.parametrize("identity", ["node", "daemonset"])
@@ -79,7 +80,7 @@ def test_kubelet_prepares_restarts_and_unprepares(
     start_kubelet: StartKubelet, cdi_check_bin: Path, minor: str,
 ) -> None:
     node_kubeconfig = cluster.node_kubeconfig(node)
-    kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet,
+    _, kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet,
                                 None if identity == "node" else cluster.agent_kubeconfig(node))
 
     claim = make_claim(cluster, f"pair-{identity}-{node}", [("gpu", GPU_CLASS),
@@ -120,7 +121,7 @@ def test_kubelet_refuses_a_pod_the_claim_is_not_reserved_for(
     start_kubelet: StartKubelet,
 ) -> None:
     """The real kubelet checks reservedFor itself, before any plugin call."""
-    kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet)
+    _, kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet)
     claim = make_claim(cluster, f"other-{node}", [("gpu", GPU_CLASS)])
     pod = pod_using(cluster, node, claim)
     allocate(cluster, claim, node)  # reserved for some other pod
@@ -137,7 +138,7 @@ def test_a_claim_shared_by_three_pods(
 ) -> None:
     """One claim, three pods: prepared once and answered alike for each; the kubelet itself
     sends no unprepare while another pod still uses the claim."""
-    kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet)
+    _, kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet)
     claim = make_claim(cluster, f"shared-{node}", [("gpu", GPU_CLASS)])
     pods = [pod_using(cluster, node, claim, suffix=f"pod{i}") for i in range(3)]
     claim = allocate(cluster, claim, node, pods=pods)
@@ -163,7 +164,7 @@ def test_admin_access_to_a_device_another_pod_holds(
 ) -> None:
     """adminAccess (allowed only in a namespace labelled for it) gets a device an ordinary
     claim already holds; the agent prepares both and marks the admin one in its env."""
-    kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet)
+    _, kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet)
     ns = f"admin-{node}"
     cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
         "name": ns, "labels": {"resource.kubernetes.io/admin-access": "true"}}})
@@ -206,7 +207,7 @@ def test_first_available_subrequest_reaches_the_container(
 ) -> None:
     """firstAvailable: the allocation names ``gpu/<sub>``; the container asks for request
     ``gpu`` and the kubelet finds its CDI IDs only if the agent answers with the base name."""
-    kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet)
+    _, kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet)
     name = f"either-{node}"
     claim = cluster.create({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
@@ -231,3 +232,26 @@ def test_first_available_subrequest_reaches_the_container(
     assert sorted(kubelet.resources(pod, "c")) == sorted(
         f"k8s.{DRIVER}/claim={uid}-{r['device']}" for r in results)
     assert kubelet.unprepare(pod) == ""
+
+
+def test_the_kubelets_30_s_wipe_and_a_quick_restart(
+    cluster: RealCluster, node: str, start_agent: StartAgent, start_kubelet: StartKubelet,
+) -> None:
+    """The kubelet's own timer: an agent back within 30 s costs no slice write at all; one
+    gone longer has its slices deleted by the kubelet, and publishes them again on return."""
+    first, kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet)
+    node_kubeconfig = cluster.node_kubeconfig(node)
+    settled = revisions(cluster, node)
+    assert first.terminate() == 0
+    quick = start_agent(node_kubeconfig, node, name="quick")
+    quick.wait_http("/readyz", timeout=30)
+    wait_for(lambda: kubelet.registered(DRIVER)[DRIVER], timeout=20, what="re-registration")
+    time.sleep(35)  # past the kubelet's 30 s: its timer was cancelled by the reconnect
+    assert revisions(cluster, node) == settled
+
+    assert quick.terminate() == 0
+    wait_for(lambda: not revisions(cluster, node), timeout=60,
+             what="the kubelet deleting the slices of a driver gone for 30 s")
+    back = start_agent(node_kubeconfig, node, name="back")
+    restored = wait_settled(cluster, node, back)
+    assert len(restored) == len(settled) and set(restored).isdisjoint(settled)
