@@ -343,6 +343,8 @@ class Daemon:
             dead.append("resourceslice-controller")
         if self.health is not None and not self.health.alive():
             dead.append("health-monitor")
+        if self.plugin is not None and not self.plugin.registration.alive():
+            dead.append("registration-watchdog")
         if dead and not self.stop_event.is_set():
             return False, f"background thread(s) ended: {', '.join(dead)}"
         return True, "background threads alive"

@@ -114,6 +114,11 @@ class RegistrationServer:
             self._thread.join()
         self._shutdown(grace_s)
 
+    def alive(self) -> bool:
+        """The watchdog is running (it ends only when stopped). If it died, nothing would ever
+        recreate a refused or ignored registration socket again."""
+        return self._thread is not None and self._thread.is_alive()
+
     def wait_registered(self, timeout_s: float) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: self.registered, timeout_s)

@@ -138,3 +138,22 @@ def test_a_dead_background_thread_is_fatal(running: tuple[Daemon, FakeAPIServer,
     runner.start()
     runner.join(10)
     assert result == [1]
+
+
+def test_a_dead_registration_watchdog_is_fatal(
+    running: tuple[Daemon, FakeAPIServer, Path]
+) -> None:
+    """Without its watchdog nobody recreates a refused registration: /healthz must not stay
+    200 while /readyz is 503 for ever, the agent exits 1 instead."""
+    daemon, _, _ = running
+    assert daemon.plugin is not None and daemon.plugin.registration.alive()
+    daemon.plugin.registration.stop(0)  # the watchdog thread ends, as if it had crashed
+    ok, why = daemon._check_threads()
+    assert not ok and "registration-watchdog" in why
+    assert not daemon.healthy()
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(daemon.run_until_stopped()))
+    runner.start()
+    runner.join(10)
+    assert result == [1]
+
