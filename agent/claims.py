@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.k8snames import dns_label_problem, dns_subdomain_problem
+
 
 class ClaimError(Exception):
     """A per-claim failure; ``reason`` is a short label for metrics."""
@@ -130,11 +132,6 @@ def uid_problem(uid: str) -> str | None:
     return None
 
 
-_DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?", re.ASCII)
-_DNS_SUBDOMAIN = re.compile(
-    r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*", re.ASCII)
-
-
 def name_problem(namespace: str, name: str) -> str | None:
     """Why ``namespace``/``name`` cannot be a ResourceClaim's, or None when they can.
 
@@ -142,10 +139,10 @@ def name_problem(namespace: str, name: str) -> str | None:
     subdomain). Anything else from the kubelet socket would end up in a request path sent
     with the agent's credentials (``..``, ``/``, ``?``), so it is refused before any request.
     """
-    if len(namespace) > 63 or not _DNS_LABEL.fullmatch(namespace):
-        return f"the claim namespace {namespace!r} is not a DNS label"
-    if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
-        return f"the claim name {name!r} is not a DNS subdomain"
+    if (why := dns_label_problem(namespace)) is not None:
+        return f"the claim namespace {namespace!r} is not a DNS label: {why}"
+    if (why := dns_subdomain_problem(name)) is not None:
+        return f"the claim name {name!r} is not a DNS subdomain: {why}"
     return None
 
 

@@ -153,7 +153,7 @@ def decode_config(params: Any, *, from_class: bool = False) -> DeviceConfig:
     if unknown:
         raise ConfigDecodeError(unknown[0], f"unknown field (known: {', '.join(_TOP_FIELDS)})")
     deny = _decode_deny(params.get("denyEnv"), from_class)
-    return DeviceConfig(env=_decode_env(params.get("env"), deny), netdev=_decode_netdev(params),
+    return DeviceConfig(env=_decode_env(params.get("env")), netdev=_decode_netdev(params),
                         deny_env=deny)
 
 
@@ -175,7 +175,7 @@ def _decode_deny(raw: Any, from_class: bool) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _decode_env(env: Any, deny: Iterable[str] = ()) -> dict[str, str]:
+def _decode_env(env: Any) -> dict[str, str]:
     env = env or {}
     if not isinstance(env, Mapping):
         raise ConfigDecodeError("env", "must be a map of variable name to string value")
@@ -189,7 +189,7 @@ def _decode_env(env: Any, deny: Iterable[str] = ()) -> dict[str, str]:
             shown = name if isinstance(name, str) and name.isprintable() and name else repr(name)
             raise ConfigDecodeError(
                 f"env.{shown}", "not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
-        why = env_denied(name, deny)
+        why = env_denied(name)  # the built-in list; DeviceClass lists: merge_configs
         if why is not None:
             raise ConfigDecodeError(f"env.{name}", why)
         if not isinstance(value, str):
@@ -235,20 +235,12 @@ def merge_configs(params: Iterable[Any], class_params: Iterable[Any] = ()) -> De
     first), and merge them. Every class's ``denyEnv`` applies to every config, the class's own
     included, so a claim config can never set what any class denies."""
     classes = [decode_config(p, from_class=True) for p in class_params]
-    deny = tuple(d for c in classes for d in c.deny_env)
     result = DeviceConfig()
-    for config in classes:
-        _check_denied(config, deny)
+    for config in [*classes, *(decode_config(p) for p in params)]:
         result = result.merged(config)
-    for p in params:
-        config = decode_config(p)
-        _check_denied(config, deny)
-        result = result.merged(config)
+    if result.deny_env:
+        for name in result.env:  # every name any config set, checked against every class list
+            why = env_denied(name, result.deny_env)
+            if why is not None:
+                raise ConfigDecodeError(f"env.{name}", why)
     return result
-
-
-def _check_denied(config: DeviceConfig, deny: tuple[str, ...]) -> None:
-    for name in config.env:
-        why = env_denied(name, deny)
-        if why is not None:
-            raise ConfigDecodeError(f"env.{name}", why)

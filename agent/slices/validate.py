@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.k8snames import dns_label_problem, dns_subdomain_problem
 from agent.quantity import is_quantity
 from discovery.model import Pool
 
@@ -31,8 +32,6 @@ MAX_DRIVER = 63
 MAX_POOL_NAME = 253
 MAX_C_IDENTIFIER = 32
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 # Semantic Versioning 2.0.0, the grammar from semver.org.
@@ -71,26 +70,6 @@ class PoolValidationError(ValueError):
         super().__init__(f"pool {pool!r} is not publishable: {shown}{more}")
         self.pool = pool
         self.problems = tuple(problems)
-
-
-def dns_subdomain_problem(value: str, limit: int = 253) -> str | None:
-    if not value:
-        return "must not be empty"
-    if len(value) > limit:
-        return f"must be at most {limit} characters, is {len(value)}"
-    if not _DNS_SUBDOMAIN.match(value):
-        return "must be a lowercase DNS subdomain ([a-z0-9] and '-', parts separated by '.')"
-    return None
-
-
-def dns_label_problem(value: object) -> str | None:
-    if not isinstance(value, str) or not value:
-        return "must be a non-empty string"
-    if len(value) > 63:
-        return f"must be at most 63 characters, is {len(value)}"
-    if not _DNS_LABEL.match(value):
-        return "must be a DNS label (lowercase [a-z0-9] and '-', starting and ending alphanumeric)"
-    return None
 
 
 def driver_problem(driver: str) -> str | None:

@@ -3,15 +3,12 @@ that are always reaped, and the kubelet stand-in."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.harness import AgentProcess, Cluster, NodeDirs, reap
+from tests.e2e.harness import AgentProcess, Cluster, NodeDirs, reap, temporary_node_dirs
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.kubelet import KubeletStandIn
 
@@ -20,10 +17,8 @@ StartAgent = Callable[..., AgentProcess]
 
 @pytest.fixture
 def dirs() -> Iterator[NodeDirs]:
-    # Short root under /tmp: unix socket paths must stay under 108 bytes.
-    root = Path(tempfile.mkdtemp(prefix="e", dir="/tmp"))
-    yield NodeDirs(root)
-    shutil.rmtree(root, ignore_errors=True)
+    with temporary_node_dirs("e") as node_dirs:
+        yield node_dirs
 
 
 @pytest.fixture

@@ -7,17 +7,20 @@ objects, the gRPC answers, the files in the CDI directory and the checkpoint on 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,6 +131,17 @@ class NodeDirs:
 
     def set_boot_id(self, boot_id: str) -> None:
         self.boot_id.write_text(boot_id + "\n")
+
+
+@contextlib.contextmanager
+def temporary_node_dirs(prefix: str) -> Iterator[NodeDirs]:
+    """A node's directories under a fresh, short root in /tmp (unix socket paths must stay
+    under 108 bytes), removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield NodeDirs(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 # --- the agent process -----------------------------------------------------------------------

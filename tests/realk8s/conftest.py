@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import AgentProcess, NodeDirs, reap
+from tests.e2e.harness import AgentProcess, NodeDirs, reap, temporary_node_dirs
 from tests.fakes.kubelet import KubeletStandIn
 from tests.realk8s.cluster import RealCluster, bin_dir, minor_under_test
 
@@ -90,9 +90,8 @@ def node(cluster: RealCluster) -> str:
 
 @pytest.fixture
 def dirs() -> Iterator[NodeDirs]:
-    root = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
-    yield NodeDirs(root)
-    shutil.rmtree(root, ignore_errors=True)
+    with temporary_node_dirs("r") as node_dirs:
+        yield node_dirs
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ import re
 
 import pytest
 
+from agent.k8snames import dns_subdomain_problem
 from agent.slices.naming import decode_index, encode_index, generate_name, index_width
-from agent.slices.validate import dns_subdomain_problem
 
 
 @pytest.mark.parametrize(
