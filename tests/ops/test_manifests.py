@@ -272,7 +272,27 @@ def test_overlays_change_only_what_they_are_for(rendered: dict[str, list[Obj]]) 
     gpu = _one(rendered["overlays/gpu-node"], "DaemonSet")["spec"]["template"]["spec"]
     assert gpu["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     mounts = {m["mountPath"]: m for m in gpu["containers"][0]["volumeMounts"]}
-    assert mounts["/driver-root"]["readOnly"] is True
+    driver = {p: m for p, m in mounts.items() if p.startswith("/driver-root/")}
+    assert {"/driver-root/usr", "/driver-root/etc/ld.so.cache"} <= set(driver)
+    assert all(m["readOnly"] is True for m in driver.values())
+
+
+def test_no_target_mounts_the_hosts_root(rendered: dict[str, list[Obj]]) -> None:
+    # A path-handling bug must not reach the kubelet's or the runtime's credentials: the
+    # agent gets the directories it works in, never the host's `/`.
+    for target in TARGETS:
+        pod = _one(rendered[target], "DaemonSet")["spec"]["template"]["spec"]
+        host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+        assert "/" not in host_paths, target
+        assert not host_paths & {"/etc", "/var", "/var/lib", "/var/lib/kubelet", "/run"}, target
+
+
+def test_the_nodes_own_address_is_reserved(daemonset: Obj) -> None:
+    container = _container(daemonset)
+    env = {e["name"]: e for e in container["env"]}
+    (flag,) = [a for a in container["args"] if a.startswith("--node-address=")]
+    var = flag.removeprefix("--node-address=$(").removesuffix(")")
+    assert env[var]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
 
 
 # --- the renderer refuses what it does not implement ------------------------------------------

@@ -137,7 +137,10 @@ def test_writable_paths_are_exactly_the_agents_state(
     cfg = Config()
     assert svc["ProtectSystem"] == ["strict"]
     writable = {p.lstrip("-") for value in svc["ReadWritePaths"] for p in value.split()}
-    assert writable == {str(cfg.plugin_dir.parent), str(cfg.registry_dir)}
+    # Our plugin dir only, not /var/lib/kubelet/plugins: other drivers' sockets live there.
+    assert writable == {str(cfg.plugin_dir), str(cfg.registry_dir)}
+    made = [c.split()[-1] for c in svc["ExecStartPre"] if "mkdir" in c]
+    assert str(cfg.plugin_dir) in made  # ReadWritePaths= needs it to exist
     # /var/run is a link to /run; RuntimeDirectory= makes /run/<name> writable.
     assert Path("/run", *svc["RuntimeDirectory"]) == Path("/run") / cfg.cdi_dir.relative_to(
         "/var/run"
