@@ -19,6 +19,7 @@ from agent.kubehttp_lean import (
 from tests.kubehttp.conftest import Pki, kubeconfig
 
 SERVER = {"server": "https://10.0.0.1:6443"}
+EXEC = {"command": "x", "apiVersion": "client.authentication.k8s.io/v1", "interactiveMode": "Never"}
 
 
 def test_token_user(tmp_path: Path) -> None:
@@ -83,10 +84,10 @@ def test_basic_auth(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("cluster", "user", "why"),
     [
-        ({"server": "10.0.0.1:6443"}, {}, "is not an http(s) URL"),
+        ({"server": "ftp://10.0.0.1:6443"}, {}, "is not an http(s) URL"),
         (SERVER, {"client-key-data": "not base64!"}, "client-key-data is not base64"),
-        ({**SERVER, "proxy-url": "socks5://p:1080"}, {}, "is not an http(s) proxy"),
-        (SERVER, {"exec": {"command": "x"}}, "uses exec"),
+        ({**SERVER, "proxy-url": "socks5://p:1080"}, {}, "is a SOCKS proxy"),
+        (SERVER, {"exec": EXEC}, "uses exec"),
         (SERVER, {"auth-provider": {"name": "oidc"}}, "uses auth-provider"),
     ],
 )
@@ -99,7 +100,7 @@ def test_bad_or_unsupported_kubeconfigs_say_why(
 
 def test_exec_and_auth_provider_ask_for_the_official_loader(tmp_path: Path) -> None:
     with pytest.raises(NeedsOfficialLoaderError):
-        load_kubeconfig(kubeconfig(tmp_path / "kc", SERVER, {"exec": {"command": "x"}}))
+        load_kubeconfig(kubeconfig(tmp_path / "kc", SERVER, {"exec": EXEC}))
 
 
 @pytest.mark.parametrize(
@@ -107,10 +108,10 @@ def test_exec_and_auth_provider_ask_for_the_official_loader(tmp_path: Path) -> N
     [
         ("", "no current-context"),
         ("- a list\n", "no mapping"),
-        ("current-context: x\ncontexts: []\n", "no context named 'x'"),
+        ("current-context: x\ncontexts: []\n", "context 'x' \\(current-context\\) is not in contexts"),
         ("current-context: c\ncontexts: [{name: c, context: {cluster: k}}]\n",
-         "no cluster named 'k'"),
-        ("{unclosed", "cannot read it"),
+         "context 'c' names no user"),
+        ("{unclosed", "not valid YAML at line 1"),
     ],
 )
 def test_broken_kubeconfigs_name_the_file_and_the_fault(
