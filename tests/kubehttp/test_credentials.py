@@ -108,7 +108,8 @@ def test_exec_and_auth_provider_ask_for_the_official_loader(tmp_path: Path) -> N
     [
         ("", "no current-context"),
         ("- a list\n", "no mapping"),
-        ("current-context: x\ncontexts: []\n", "context 'x' \\(current-context\\) is not in contexts"),
+        ("current-context: x\ncontexts: []\n",
+         "context 'x' \\(current-context\\) is not in contexts"),
         ("current-context: c\ncontexts: [{name: c, context: {cluster: k}}]\n",
          "context 'c' names no user"),
         ("{unclosed", "not valid YAML at line 1"),
@@ -159,3 +160,26 @@ def test_repr_of_credentials_leaks_no_secret() -> None:
     text = repr(creds)
     assert "SECRET" not in text
     assert "https://k" in text and "admin" in text
+
+
+def test_proxy_credentials_stay_out_of_repr_and_go_to_the_proxy(tmp_path: Path) -> None:
+    cluster = {**SERVER, "proxy-url": "http://us%40er:pw-SECRET@proxy:3128"}
+    creds = load_kubeconfig(kubeconfig(tmp_path / "kc", cluster, {"token": "t"}))
+    assert "SECRET" not in repr(creds) and creds.proxy_url == "http://proxy:3128"
+    backend = LeanBackend(creds)
+    expected = "Basic " + base64.b64encode(b"us@er:pw-SECRET").decode()
+    assert backend.pool.proxy_headers == {"Proxy-Authorization": expected}
+    assert "Proxy-Authorization" not in backend.auth_headers()
+
+
+def test_in_cluster_uses_the_environment_proxy_unless_no_proxy_says(tmp_path: Path) -> None:
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("t")
+    (sa / "ca.crt").write_text("pem")
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443",
+           "HTTPS_PROXY": "proxy.corp:3128"}
+    assert load_in_cluster(env, sa).proxy_url == "http://proxy.corp:3128"
+    assert load_in_cluster({**env, "NO_PROXY": "10.96.0.0/12"}, sa).proxy_url is None
+    assert load_in_cluster({**env, "NO_PROXY": "10.96.0.1:443"}, sa).proxy_url is None
+    assert load_in_cluster({**env, "NO_PROXY": "10.96.0.1:6443"}, sa).proxy_url is not None
