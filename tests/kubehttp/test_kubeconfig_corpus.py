@@ -4,13 +4,15 @@ checks the recording against the real kubectl)."""
 
 from __future__ import annotations
 
+import contextlib
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.kubehttp import Response
-from tests.kubehttp.conftest import EchoServer, Pki
+from tests.kubehttp.conftest import EchoServer, Pki, _serve
 from tests.kubehttp.corpus import (
     Bench,
     Case,
@@ -27,8 +29,24 @@ CASES = load_corpus()
 TOKEN_A, TOKEN_B = "token-a-9f2c41d7e0b8", "token-b-3e8a5c6f1d2b"
 
 
+@pytest.fixture(scope="module")
+def servers(pki: Pki) -> Iterator[tuple[EchoServer, EchoServer]]:
+    """One https and one plain-http recording server for all cases (each stop costs ~0.5 s)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(pki.server_cert, pki.server_key)
+    ctx.load_verify_locations(pki.ca)
+    ctx.verify_mode = ssl.CERT_OPTIONAL
+    with contextlib.ExitStack() as stack:
+        tls_echo = stack.enter_context(contextlib.contextmanager(_serve)(ctx))
+        echo = stack.enter_context(contextlib.contextmanager(_serve)(None))
+        yield tls_echo, echo
+
+
 @pytest.fixture
-def bench(pki: Pki, tls_echo: EchoServer, echo: EchoServer) -> Iterator[Bench]:
+def bench(pki: Pki, servers: tuple[EchoServer, EchoServer]) -> Iterator[Bench]:
+    tls_echo, echo = servers
+    tls_echo.seen.clear()
+    echo.seen.clear()
     proxy = RecordingProxy(("127.0.0.1", tls_echo.port))
     cert, key = pki.client("node-a")
 
