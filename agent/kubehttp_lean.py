@@ -305,13 +305,18 @@ def _named_section(
 def _server_url(server: str, where: str, source: str) -> str:
     if not server:
         raise CredentialsError(source, f"{where} has no server")
-    parts = urlsplit(server) if "://" in server else None
-    if parts is None or not parts.netloc:
-        # client-go's DefaultServerURL: a bare host[:port] is plain http (TLS settings are not
-        # merged yet when it decides).
-        parts = urlsplit("http://" + server)
-        if parts.path not in ("", "/"):
-            raise CredentialsError(source, f"{where}: server must be a URL or a host:port pair")
+    try:
+        parts = urlsplit(server) if "://" in server else None
+        if parts is None or not parts.netloc:
+            # client-go's DefaultServerURL: a bare host[:port] is plain http (TLS settings are
+            # not merged yet when it decides).
+            parts = urlsplit("http://" + server)
+            if parts.path not in ("", "/"):
+                raise CredentialsError(source, f"{where}: server must be a URL or a host:port "
+                                       "pair")
+        parts.port  # noqa: B018 (a bad port raises here)
+    except ValueError as err:
+        raise CredentialsError(source, f"{where}: server is not a valid URL ({err})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise CredentialsError(source, f"{where}: server is not an http(s) URL")
     return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))

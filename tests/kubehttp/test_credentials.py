@@ -85,6 +85,8 @@ def test_basic_auth(tmp_path: Path) -> None:
     ("cluster", "user", "why"),
     [
         ({"server": "ftp://10.0.0.1:6443"}, {}, "is not an http(s) URL"),
+        ({"server": "https://[::1"}, {}, "server is not a valid URL"),
+        ({"server": "https://h:99999"}, {}, "server is not a valid URL"),
         (SERVER, {"client-key-data": "not base64!"}, "client-key-data is not base64"),
         ({**SERVER, "proxy-url": "socks5://p:1080"}, {}, "is a SOCKS proxy"),
         (SERVER, {"exec": EXEC}, "uses exec"),
