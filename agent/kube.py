@@ -116,7 +116,7 @@ def api_client(
         if not source.path.is_file():
             raise KubeConfigError(source.describe(), "file not found")
         try:
-            return lean_client(load_kubeconfig(source.path))
+            return lean_client(load_kubeconfig(source.path, env=environ))
         except NeedsOfficialLoaderError as err:
             log.info("kubeconfig needs the official loader", extra={"why": err.cause})
             return _official_client(source)

@@ -19,6 +19,7 @@ from agent.kubehttp_lean import (
 from tests.kubehttp.conftest import Pki, kubeconfig
 
 SERVER = {"server": "https://10.0.0.1:6443"}
+EXEC = {"command": "x", "apiVersion": "client.authentication.k8s.io/v1", "interactiveMode": "Never"}
 
 
 def test_token_user(tmp_path: Path) -> None:
@@ -83,10 +84,12 @@ def test_basic_auth(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("cluster", "user", "why"),
     [
-        ({"server": "10.0.0.1:6443"}, {}, "is not an http(s) URL"),
+        ({"server": "ftp://10.0.0.1:6443"}, {}, "is not an http(s) URL"),
+        ({"server": "https://[::1"}, {}, "server is not a valid URL"),
+        ({"server": "https://h:99999"}, {}, "server is not a valid URL"),
         (SERVER, {"client-key-data": "not base64!"}, "client-key-data is not base64"),
-        ({**SERVER, "proxy-url": "socks5://p:1080"}, {}, "is not an http(s) proxy"),
-        (SERVER, {"exec": {"command": "x"}}, "uses exec"),
+        ({**SERVER, "proxy-url": "socks5://p:1080"}, {}, "is a SOCKS proxy"),
+        (SERVER, {"exec": EXEC}, "uses exec"),
         (SERVER, {"auth-provider": {"name": "oidc"}}, "uses auth-provider"),
     ],
 )
@@ -99,7 +102,7 @@ def test_bad_or_unsupported_kubeconfigs_say_why(
 
 def test_exec_and_auth_provider_ask_for_the_official_loader(tmp_path: Path) -> None:
     with pytest.raises(NeedsOfficialLoaderError):
-        load_kubeconfig(kubeconfig(tmp_path / "kc", SERVER, {"exec": {"command": "x"}}))
+        load_kubeconfig(kubeconfig(tmp_path / "kc", SERVER, {"exec": EXEC}))
 
 
 @pytest.mark.parametrize(
@@ -107,10 +110,11 @@ def test_exec_and_auth_provider_ask_for_the_official_loader(tmp_path: Path) -> N
     [
         ("", "no current-context"),
         ("- a list\n", "no mapping"),
-        ("current-context: x\ncontexts: []\n", "no context named 'x'"),
+        ("current-context: x\ncontexts: []\n",
+         "context 'x' \\(current-context\\) is not in contexts"),
         ("current-context: c\ncontexts: [{name: c, context: {cluster: k}}]\n",
-         "no cluster named 'k'"),
-        ("{unclosed", "cannot read it"),
+         "context 'c' names no user"),
+        ("{unclosed", "not valid YAML at line 1"),
     ],
 )
 def test_broken_kubeconfigs_name_the_file_and_the_fault(
@@ -158,3 +162,26 @@ def test_repr_of_credentials_leaks_no_secret() -> None:
     text = repr(creds)
     assert "SECRET" not in text
     assert "https://k" in text and "admin" in text
+
+
+def test_proxy_credentials_stay_out_of_repr_and_go_to_the_proxy(tmp_path: Path) -> None:
+    cluster = {**SERVER, "proxy-url": "http://us%40er:pw-SECRET@proxy:3128"}
+    creds = load_kubeconfig(kubeconfig(tmp_path / "kc", cluster, {"token": "t"}))
+    assert "SECRET" not in repr(creds) and creds.proxy_url == "http://proxy:3128"
+    backend = LeanBackend(creds)
+    expected = "Basic " + base64.b64encode(b"us@er:pw-SECRET").decode()
+    assert backend.pool.proxy_headers == {"Proxy-Authorization": expected}
+    assert "Proxy-Authorization" not in backend.auth_headers()
+
+
+def test_in_cluster_uses_the_environment_proxy_unless_no_proxy_says(tmp_path: Path) -> None:
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("t")
+    (sa / "ca.crt").write_text("pem")
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443",
+           "HTTPS_PROXY": "proxy.corp:3128"}
+    assert load_in_cluster(env, sa).proxy_url == "http://proxy.corp:3128"
+    assert load_in_cluster({**env, "NO_PROXY": "10.96.0.0/12"}, sa).proxy_url is None
+    assert load_in_cluster({**env, "NO_PROXY": "10.96.0.1:443"}, sa).proxy_url is None
+    assert load_in_cluster({**env, "NO_PROXY": "10.96.0.1:6443"}, sa).proxy_url is not None

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.kube import KubeConfigError, api_client
-from tests.kubehttp.conftest import EchoServer, kubeconfig
+from tests.kubehttp.conftest import EchoServer, Pki, kubeconfig
 
 CREDENTIAL = {
     "apiVersion": "client.authentication.k8s.io/v1beta1",
@@ -27,16 +27,29 @@ def _plugin(tmp_path: Path, output: str) -> Path:
 
 
 def test_an_exec_plugin_kubeconfig_uses_the_official_loader(
-    tmp_path: Path, echo: EchoServer
+    tmp_path: Path, pki: Pki, tls_echo: EchoServer
 ) -> None:
     plugin = _plugin(tmp_path, json.dumps(CREDENTIAL))
     user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
                      "command": str(plugin), "interactiveMode": "Never"}}
-    http = api_client(str(kubeconfig(tmp_path / "kc", {"server": echo.url()}, user)))
+    cluster = {"server": tls_echo.url(), "certificate-authority": str(pki.ca)}
+    http = api_client(str(kubeconfig(tmp_path / "kc", cluster, user)))
     assert http is not None and type(http.backend).__name__ == "OfficialBackend"
     assert http.request("GET", "/api", query={"a": "1"}).ok
-    assert echo.seen[-1].path == "/api?a=1"
-    assert echo.last_auth() == "Bearer exec-token"
+    assert tls_echo.seen[-1].path == "/api?a=1"
+    assert tls_echo.last_auth() == "Bearer exec-token"
+
+
+def test_an_exec_plugin_is_not_run_for_a_plain_http_server(
+    tmp_path: Path, echo: EchoServer
+) -> None:
+    # client-go merges no user credentials for http: the plugin's token never goes out clear.
+    plugin = _plugin(tmp_path, json.dumps(CREDENTIAL))
+    user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
+                     "command": str(plugin), "interactiveMode": "Never"}}
+    http = api_client(str(kubeconfig(tmp_path / "kc", {"server": echo.url()}, user)))
+    assert http is not None and http.request("GET", "/api").ok
+    assert echo.last_auth() is None
 
 
 def test_an_official_loader_failure_names_the_kubeconfig(tmp_path: Path) -> None:

@@ -110,3 +110,37 @@ def test_a_half_written_certificate_keeps_the_old_one_in_use(
     clock.now += RECHECK_S
     assert KubeHTTP(backend).request("GET", "/a").ok
     assert tls_echo.seen[-1].client_cn == "system:node:node-a"
+
+
+def test_a_token_file_empty_mid_rotation_keeps_the_last_token(
+    tmp_path: Path, echo: EchoServer
+) -> None:
+    # client-go's cached file token source treats an empty read as a failed one.
+    token = tmp_path / "token"
+    token.write_text("kept")
+    clock = FakeClock()
+    http = KubeHTTP(LeanBackend(Credentials(echo.url(), token_file=str(token)), clock))
+    http.request("GET", "/a")
+    token.write_text("")
+    clock.now += RECHECK_S
+    http.request("GET", "/a")
+    token.write_text("next\n")
+    clock.now += RECHECK_S
+    http.request("GET", "/a")
+    assert [s.headers.get("authorization") for s in echo.seen] == [
+        "Bearer kept", "Bearer kept", "Bearer next"]
+
+
+def test_the_token_file_wins_over_the_inline_token_once_readable(
+    tmp_path: Path, echo: EchoServer
+) -> None:
+    token = tmp_path / "token"
+    clock = FakeClock()
+    creds = Credentials(echo.url(), token="inline", token_file=str(token))
+    http = KubeHTTP(LeanBackend(creds, clock))
+    http.request("GET", "/a")  # no file yet: the inline token stands in
+    token.write_text("from-file")
+    clock.now += RECHECK_S
+    http.request("GET", "/a")
+    assert [s.headers["authorization"] for s in echo.seen] == ["Bearer inline",
+                                                               "Bearer from-file"]
