@@ -41,8 +41,10 @@ from agent.kubehttp import KubeHTTP
 
 log = logging.getLogger(__name__)
 
-#: How long a token or certificate file read is trusted before looking again.
-RECHECK_S = 60.0
+#: How long a token or certificate file read is trusted before looking again: client-go's
+#: cached file token source (a 1 min period less its 10 s leeway), so a rotated projected
+#: token is picked up when the official clients pick it up.
+RECHECK_S = 50.0
 
 
 class CredentialsError(ValueError):
