@@ -29,29 +29,34 @@ log = logging.getLogger(__name__)
 #: client, which the kubelet itself is not.
 MAX_STREAMS = 2
 
-#: Calls waiting for a thread, per prepare/unprepare thread. The kubelet sends one call per
-#: pod, and a node starting many pods at once sends them together: a short queue lets such a
-#: burst wait milliseconds instead of failing. A queued call costs only its request bytes
-#: (bounded below), and one whose deadline passes while queued is answered without any work
-#: (``PluginFramework`` checks the deadline before each claim).
-QUEUE_PER_WORKER = 3
+#: Calls waiting for a thread. The kubelet sends one call per pod, and a node starting or
+#: stopping many pods at once sends them together (110 pods by default, 250 is the usual
+#: maximum): the queue lets such a burst wait instead of failing. A queued call costs only
+#: what gRPC buffered of its request (at most the 64 KiB HTTP/2 window, see
+#: ``server_options``), and one whose deadline passes while queued is answered without any
+#: work (``PluginFramework`` checks the deadline before each claim).
+QUEUED = 256
 
 #: A claim reference is at most 63 (namespace) + 253 (name) + 36 (UID) bytes plus framing,
 #: about 362 bytes; ``MAX_CLAIMS_PER_CALL`` (256) of the longest possible fits in 93 KiB.
 #: 256 KiB leaves room for a few times that (the excess claims get their own errors) and
 #: refuses whole the multi-megabyte requests no kubelet sends. With every running and queued
-#: call at this size the requests hold ``max_concurrent_rpcs * 256 KiB``, 17 MiB at the default
-#: 16 workers, far under the DaemonSet's 512 MiB limit.
+#: call at this size the running calls hold 16 * 256 KiB and the queued ones at most
+#: 256 * 64 KiB: 20 MiB, far under the DaemonSet's 512 MiB limit.
 MAX_RECEIVE_BYTES = 256 * 1024
 
 
 def max_concurrent_rpcs(workers: int) -> int:
     """Running plus queued calls, streams included, before gRPC answers RESOURCE_EXHAUSTED."""
-    return workers * (1 + QUEUE_PER_WORKER) + MAX_STREAMS
+    return workers + QUEUED + MAX_STREAMS
 
 
 def server_options() -> list[tuple[str, Any]]:
-    return [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
+    # BDP probing widens each stream's HTTP/2 window until a client can push megabytes that
+    # gRPC buffers before it refuses the oversized message: 400 calls of 3.6 MB took the agent
+    # to 187 MiB with it, 47 MiB without (hack/benches/flood.py). Requests are a few KiB, so
+    # the fixed 64 KiB window costs them nothing.
+    return [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), ("grpc.http2.bdp_probe", 0)]
 
 
 class StreamSlots(grpc.ServerInterceptor):  # type: ignore[misc]
