@@ -14,7 +14,9 @@ import time
 
 from hack.benches import Figure
 
-AREAS = ("discovery", "cdi", "plugin", "slices", "startup", "explain", "health", "ops", "e2e")
+AREAS = (
+    "discovery", "cdi", "plugin", "flood", "slices", "startup", "explain", "health", "ops", "e2e",
+)
 
 
 def machine() -> str:

@@ -24,6 +24,7 @@ from agent.checkpoint_store import CheckpointStore, read_boot_id
 from agent.failpoints import Failpoints
 from agent.metrics import Metrics
 from agent.plugin.framework import APIClaimSource, ClaimSource, PluginFramework
+from agent.plugin.limits import MAX_STREAMS, StreamSlots, max_concurrent_rpcs, server_options
 from agent.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServer
 from agent.plugin.server import add_dra_services
 from agent.plugin.sockets import (
@@ -31,9 +32,8 @@ from agent.plugin.sockets import (
     InstanceLock,
     SocketError,
     SocketPaths,
-    prepare_socket_path,
+    bind_unix,
     remove_socket,
-    restrict,
     socket_paths,
 )
 from agent.prepare.cdispecs import CDIClaimSpecs, DeviceEdits
@@ -62,6 +62,8 @@ class PluginOptions:
     boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
     #: Pool of this node's devices; the DESIGN names it after the node.
     pool_name: str | None = None
+    #: Threads for prepare/unprepare calls; health streams get their own on top
+    #: (``agent.plugin.limits``).
     max_workers: int = 16
 
     @property
@@ -113,6 +115,8 @@ class PluginServer:
         )
         self._lock = InstanceLock(self.paths.instance_lock)
         self._dra: Any = None
+        #: Open response streams (the kubelet's health stream), at most MAX_STREAMS.
+        self.streams = StreamSlots(MAX_STREAMS)
 
     @property
     def registered(self) -> bool:
@@ -142,20 +146,23 @@ class PluginServer:
     def _serve_dra(self) -> None:
         import grpc
 
-        prepare_socket_path(self.paths.dra)
+        # Streams hold their thread while open: they get MAX_STREAMS threads of their own
+        # (StreamSlots refuses more), so max_workers always remain for prepare/unprepare.
         server = grpc.server(
             futures.ThreadPoolExecutor(
-                max_workers=self.options.max_workers, thread_name_prefix="dra"
-            )
+                max_workers=self.options.max_workers + MAX_STREAMS, thread_name_prefix="dra"
+            ),
+            interceptors=[self.streams],
+            options=server_options(),
+            maximum_concurrent_rpcs=max_concurrent_rpcs(self.options.max_workers),
         )
         add_dra_services(server, self.framework, self.metrics)
         if self._health is not None:
             from protos.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 
             health_grpc.add_DRAResourceHealthServicer_to_server(self._health, server)
-        server.add_insecure_port(f"unix://{self.paths.dra}")
+        bind_unix(server, self.paths.dra)
         server.start()
-        restrict(self.paths.dra)
         self._dra = server
 
     def stop(self, grace_s: float = 5.0) -> None:

@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,12 +47,28 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "CLAIM_API_VERSIONS",
+    "MAX_CLAIMS_PER_CALL",
     "APIClaimSource",
     "ClaimOutcome",
     "ClaimSource",
     "ClaimStatusReporter",
     "PluginFramework",
 ]
+
+
+#: Claims one call may carry. The kubelet sends one call per pod with that pod's claims
+#: (not yet prepared) for this driver; a pod with more than a handful is rare, and 256 is
+#: the API's own bound on the pods sharing one claim (``reservedFor``). Beyond it a call is
+#: not a pod's and its extra claims are refused unread: before this bound, a 20,000-claim call
+#: made 20,000 GETs.
+MAX_CLAIMS_PER_CALL = 256
+
+#: ``() -> True`` once the caller no longer waits for the answer.
+Gone = Callable[[], bool]
+
+
+def _never() -> bool:
+    return False
 
 
 class ClaimSource(Protocol):
@@ -214,7 +230,9 @@ class PluginFramework:
         if self._serialize_lock is None:
             yield
             return
-        fd = os.open(self._serialize_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # Never through a symlink: O_CREAT would create its target wherever it points.
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = os.open(self._serialize_lock, flags, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -226,13 +244,65 @@ class PluginFramework:
         with self._locks.hold(uid), self.exclusive():
             yield
 
-    def prepare(self, refs: Sequence[ClaimRef], request_id: int = 0) -> dict[str, ClaimOutcome]:
-        return {ref.uid: self._prepare_one(ref, request_id) for ref in refs}
+    def prepare(
+        self, refs: Sequence[ClaimRef], request_id: int = 0, *, gone: Gone = _never
+    ) -> dict[str, ClaimOutcome]:
+        """One outcome per claim. ``gone()`` is asked before each claim: once it is true (the
+        caller's deadline passed or it cancelled) the claims not started get an error and no
+        work. Claims beyond ``MAX_CLAIMS_PER_CALL`` get an error and are never fetched."""
+        return self._each("prepare", refs, request_id, gone, self._prepare_one)
 
     def unprepare(
-        self, refs: Sequence[ClaimRef], request_id: int = 0
+        self, refs: Sequence[ClaimRef], request_id: int = 0, *, gone: Gone = _never
     ) -> dict[str, ClaimOutcome]:
-        return {ref.uid: self._unprepare_one(ref, request_id) for ref in refs}
+        return self._each("unprepare", refs, request_id, gone, self._unprepare_one)
+
+    def _each(
+        self,
+        op: str,
+        refs: Sequence[ClaimRef],
+        request_id: int,
+        gone: Gone,
+        one: Callable[[ClaimRef, int], ClaimOutcome],
+    ) -> dict[str, ClaimOutcome]:
+        out: dict[str, ClaimOutcome] = {}
+        taken = refs[:MAX_CLAIMS_PER_CALL]
+        for i, ref in enumerate(taken):
+            if gone():
+                out.update(self._not_done(
+                    op, taken[i:], request_id, "deadline",
+                    "the caller's deadline passed (or it cancelled) before this claim was reached",
+                ))
+                break
+            out[ref.uid] = one(ref, request_id)
+        if len(refs) > MAX_CLAIMS_PER_CALL:
+            out.update(self._not_done(
+                op, refs[MAX_CLAIMS_PER_CALL:], request_id, "too_many_claims",
+                f"the call names {len(refs)} claims, over the limit of {MAX_CLAIMS_PER_CALL} "
+                "per call (the kubelet sends one pod's claims per call)",
+            ))
+        return out
+
+    def _not_done(
+        self,
+        op: str,
+        refs: Sequence[ClaimRef],
+        request_id: int,
+        reason: str,
+        why: str,
+    ) -> dict[str, ClaimOutcome]:
+        """Claims given an error without any work: one log line for all of them (a call may
+        carry thousands), one error entry each."""
+        self.metrics.claim_errors.labels(op, reason).inc(len(refs))
+        log.warning(
+            f"{op} not attempted",
+            extra={
+                "request": request_id, "reason": reason, "claims": len(refs),
+                "claim": refs[0].uid, "error": why,
+            },
+        )
+        verb = "prepared" if op == "prepare" else "unprepared"
+        return {ref.uid: ClaimOutcome(error=f"claim {ref}: not {verb}: {why}") for ref in refs}
 
     def _prepare_one(self, ref: ClaimRef, request_id: int) -> ClaimOutcome:
         start = time.perf_counter()

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from agent.plugin.sockets import prepare_socket_path, remove_socket, restrict
+from agent.plugin.sockets import bind_unix, remove_socket
 from protos.pluginregistration import api_pb2 as reg_pb2
 from protos.pluginregistration import api_pb2_grpc as reg_grpc
 
@@ -124,12 +124,16 @@ class RegistrationServer:
             return self._cond.wait_for(lambda: self.registered, timeout_s)
 
     def _listen(self) -> None:
-        prepare_socket_path(self.path)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg"))
+        # Two unary methods the kubelet calls once per registration, each answered from
+        # memory: two threads, a small queue, small messages are all it ever needs.
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg"),
+            maximum_concurrent_rpcs=8,
+            options=[("grpc.max_receive_message_length", 64 * 1024)],
+        )
         reg_grpc.add_RegistrationServicer_to_server(_Servicer(self), server)
-        server.add_insecure_port(f"unix://{self.path}")
+        bind_unix(server, self.path)
         server.start()
-        restrict(self.path)
         self._server = server
 
     def _shutdown(self, grace_s: float) -> None:

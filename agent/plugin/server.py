@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -42,7 +43,7 @@ class DRAService:
     def prepare(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self._measure("NodePrepareResources") as result:
             refs = self._refs(request, context)
-            outcomes = self._framework.prepare(refs, next(self._ids))
+            outcomes = self._framework.prepare(refs, next(self._ids), gone=_gone(context))
             response = self._pb.NodePrepareResourcesResponse()
             for uid, outcome in outcomes.items():
                 entry = response.claims[uid]  # creates the entry, even when empty
@@ -56,7 +57,7 @@ class DRAService:
     def unprepare(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self._measure("NodeUnprepareResources") as result:
             refs = self._refs(request, context)
-            outcomes = self._framework.unprepare(refs, next(self._ids))
+            outcomes = self._framework.unprepare(refs, next(self._ids), gone=_gone(context))
             response = self._pb.NodeUnprepareResourcesResponse()
             for uid, outcome in outcomes.items():
                 entry = response.claims[uid]
@@ -90,6 +91,16 @@ class DRAService:
 
     def _measure(self, method: str) -> _Timer:
         return _Timer(self._metrics, method, self._version)
+
+
+def _gone(context: grpc.ServicerContext) -> Callable[[], bool]:
+    """True once the kubelet no longer waits: its deadline (45 s) passed, or it cancelled."""
+
+    def gone() -> bool:
+        left = context.time_remaining()
+        return not context.is_active() or (left is not None and left <= 0)
+
+    return gone
 
 
 class _Timer:

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
+import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
 #: AF_UNIX ``sun_path`` holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
@@ -98,9 +101,45 @@ def prepare_socket_path(path: Path) -> None:
     os.unlink(path)
 
 
-def restrict(path: Path) -> None:
-    """Owner-only access: the kubelet runs as root, nobody else may call the plugin."""
-    os.chmod(path, 0o600)
+def bind_unix(server: Any, path: Path) -> None:
+    """Bind gRPC ``server`` at ``path``, owner-only (0600) from the socket's first moment.
+
+    gRPC creates the socket file under the process umask and offers no mode; a chmod after
+    the bind leaves a window in which anyone may connect, and changing the umask around the
+    bind would race with every other thread creating files. So the socket is bound in a fresh
+    directory only this user can enter (0700), made 0600 there, and renamed into place:
+    rename keeps the listening socket, is atomic, and replaces a stale socket at ``path``.
+    The directory and the socket in it start with "." (the kubelet's plugin watcher ignores
+    such names) and together are no longer than ``/dra.sock``, so the 108-byte limit that
+    ``socket_paths`` checked still holds.
+    """
+    prepare_socket_path(path)
+    private = _private_dir(path.parent)
+    bound = private / ".s"
+    try:
+        if len(os.fsencode(bound)) > MAX_SOCKET_PATH:
+            raise SocketError(f"{path}: the path is too long to bind (AF_UNIX limit)")
+        try:
+            server.add_insecure_port(f"unix://{bound}")
+        except RuntimeError as err:
+            raise SocketError(f"cannot listen on {path}: {err}") from err
+        os.chmod(bound, 0o600)
+        os.rename(bound, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(bound)
+        os.rmdir(private)
+
+
+def _private_dir(parent: Path) -> Path:
+    for _ in range(16):
+        candidate = parent / f".{secrets.token_hex(2)}"
+        try:
+            os.mkdir(candidate, 0o700)  # the umask can only make it tighter
+        except FileExistsError:
+            continue
+        return candidate
+    raise SocketError(f"cannot create a private directory in {parent} to bind a socket")
 
 
 def remove_socket(path: Path) -> None:
@@ -110,7 +149,13 @@ def remove_socket(path: Path) -> None:
 
 
 class InstanceLock:
-    """An exclusive, non-blocking flock held for the life of the agent."""
+    """An exclusive, non-blocking flock held for the life of the agent.
+
+    The file is the agent's own: a symlink is never followed (it could point at any file on
+    the host) and anything but a regular file with one link, owned by this user, is refused
+    rather than written. The pid is written over the start of the file in a fixed width, so
+    the file is never truncated.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -118,7 +163,7 @@ class InstanceLock:
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = self._open()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -128,9 +173,39 @@ class InstanceLock:
                 f"another dra-agent (pid {holder}) already serves {self.path.parent}; "
                 "stop it first, or use rolling-update mode with distinct pod UIDs"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        os.pwrite(fd, f"{os.getpid():<20}\n".encode(), 0)
         self._fd = fd
+
+    def _open(self) -> int:
+        # Looked at before opening too: opening a device node or FIFO can itself act on it.
+        with contextlib.suppress(FileNotFoundError):
+            mode = os.lstat(self.path).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                self._refuse("is not a regular file")
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(self.path, flags, 0o600)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                self._refuse("is a symbolic link")
+            raise SocketError(
+                f"instance lock {self.path}: cannot open: {err.strerror or err}"
+            ) from None
+        st = os.fstat(fd)
+        why = ""
+        if not stat.S_ISREG(st.st_mode):
+            why = "is not a regular file"
+        elif st.st_nlink != 1:
+            why = f"has {st.st_nlink} hard links (another file shares it)"
+        elif st.st_uid != os.geteuid():
+            why = f"is owned by uid {st.st_uid}, not this agent's {os.geteuid()}"
+        if why:
+            os.close(fd)
+            self._refuse(why)
+        return fd
+
+    def _refuse(self, why: str) -> NoReturn:
+        raise SocketError(f"instance lock {self.path} {why}; refusing to use it (remove it)")
 
     @property
     def held(self) -> bool:
