@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -26,12 +27,15 @@ class KubeletDRA:
         self._log: IO[str] = self.log.open("a")
         self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log, text=True)
+        # One request at a time on the pipe: a test may drive it from a second thread.
+        self._lock = threading.Lock()
 
     def call(self, op: str, timeout: float = 60, **fields: Any) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
+        with self._lock:
+            self.proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
         if not line:
             raise AssertionError(f"kubelet-dra exited ({self.proc.poll()}):\n{self.logs()}")
         answer: dict[str, Any] = json.loads(line)

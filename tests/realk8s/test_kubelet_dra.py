@@ -5,8 +5,12 @@ restart, unprepare."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -343,3 +347,68 @@ def test_a_claim_from_a_template(
     kubelet.active([pod])
     assert kubelet.unprepare(pod) == ""
     assert dirs.cdi_files() == [] and dirs.records() == {}
+
+
+_REQUESTS = re.compile(r'^dra_agent_requests_total\{([^}]*)\} ([0-9.e+]+)$', re.M)
+
+
+def calls_served(agent: AgentProcess) -> int:
+    """NodePrepareResources and NodeUnprepareResources calls the agent answered without error."""
+    status, text = agent.url("/metrics")
+    assert status == 200, text
+    return int(sum(float(value) for labels, value in _REQUESTS.findall(text)
+                   if 'method="Node' in labels and 'result="ok"' in labels))
+
+
+def test_a_rolling_update_moves_the_kubelet_to_the_new_instance(
+    cluster: RealCluster, node: str, dirs: NodeDirs, start_agent: StartAgent,
+    start_kubelet: StartKubelet,
+) -> None:
+    """The DaemonSet's surge: a second instance (--rolling-update, its own pod UID) starts
+    beside the first; the kubelet, preparing and unpreparing all along, turns to the newer
+    one, the old one stops, and not one call fails, nor is a slice rewritten."""
+    def instance(name: str) -> StartAgent:
+        return lambda kubeconfig, node: start_agent(
+            kubeconfig, node, "--rolling-update", "--pod-uid", str(uuid.uuid4()), name=name)
+
+    old, kubelet = agent_and_kubelet(cluster, node, instance("old"), start_kubelet)
+    settled = revisions(cluster, node)
+    claim = make_claim(cluster, f"rolling-{node}", [("gpu", GPU_CLASS), ("nic", NIC_CLASS)])
+    pod = pod_using(cluster, node, claim)
+    allocate(cluster, claim, node, pod=pod)
+    pod = get_pod(cluster, pod)
+    kubelet.active([pod])
+
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def churn() -> None:  # the kubelet's calls, one pair after another, through the switch
+        while not stop.is_set():
+            failures.extend(e for e in (kubelet.prepare(pod), kubelet.unprepare(pod)) if e)
+
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: calls_served(old) >= 4, timeout=20, what="calls to the old instance")
+        new = instance("new")(cluster.node_kubeconfig(node), node)
+        new.wait_http("/readyz")
+        wait_for(lambda: calls_served(new) >= 4, timeout=30,
+                 what="the kubelet calling the new instance")
+        # From now on the kubelet calls only the newest instance.
+        by_old, by_new = calls_served(old), calls_served(new)
+        wait_for(lambda: calls_served(new) >= by_new + 4, timeout=20, what="more calls")
+        assert calls_served(old) == by_old
+        assert old.terminate() == 0
+        by_new = calls_served(new)
+        wait_for(lambda: calls_served(new) >= by_new + 4, timeout=20,
+                 what="calls after the old instance stopped")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert failures == [], failures[:3]
+    assert kubelet.registered(DRIVER)[DRIVER]
+    registry = sorted(os.listdir(dirs.registry))
+    assert len(registry) == 1 and registry[0].startswith(f"{DRIVER}-"), registry  # new's only
+    assert dirs.cdi_files() == [] and dirs.records() == {}
+    assert revisions(cluster, node) == settled
+    assert new.terminate() == 0
