@@ -61,6 +61,15 @@ class KubeletDRA:
         plugins: dict[str, bool] = self.call("plugins", drivers=list(drivers))["plugins"]
         return plugins
 
+    def health(self, pod: Mapping[str, Any]) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+        """container -> the allocatedResourcesStatus the kubelet would write for it, and the
+        pod UIDs the manager asked to have resynced since the last call."""
+        answer = self.call("health", pod=pod)
+        assert "error" not in answer, answer
+        health: dict[str, list[dict[str, Any]]] = answer.get("health", {})
+        notified: list[str] = answer.get("notified", [])
+        return health, notified
+
     def logs(self) -> str:
         if not self._log.closed:
             self._log.flush()

@@ -11,7 +11,6 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,28 +19,10 @@ import pytest
 from tests.e2e.harness import DRIVER, GPU_CLASS, NIC_CLASS, AgentProcess, NodeDirs
 from tests.realk8s.agent import allocate, make_claim, revisions, wait_settled
 from tests.realk8s.cluster import RealCluster
-from tests.realk8s.conftest import StartAgent
+from tests.realk8s.conftest import StartAgent, StartKubelet
 from tests.realk8s.kubelet import KubeletDRA
 from tests.realk8s.test_node_identity import pod_using
 from tests.waiting import wait_for
-
-StartKubelet = Callable[[Path, str], KubeletDRA]
-
-
-@pytest.fixture
-def start_kubelet(minor: str, dirs: NodeDirs) -> Iterator[StartKubelet]:
-    started: list[KubeletDRA] = []
-
-    def start(kubeconfig: Path, node: str) -> KubeletDRA:
-        kubelet = KubeletDRA(minor, kubeconfig, node, dirs.kubelet)
-        started.append(kubelet)
-        return kubelet
-
-    yield start
-    for kubelet in started:
-        kubelet.stop()
-    if started:
-        print(f"--- kubelet-dra ---\n{started[-1].logs()}")
 
 
 def get_pod(cluster: RealCluster, pod: dict[str, Any]) -> dict[str, Any]:
