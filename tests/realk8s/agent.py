@@ -40,6 +40,7 @@ class Serving(Protocol):
     """What ``wait_settled`` needs of an agent: an agent process, or one run in process."""
 
     def wait_http(self, path: str = "/readyz", timeout: float = 20.0) -> str: ...
+    def logs(self) -> str: ...
 
 
 def wait_settled(cluster: RealCluster, node: str, agent: Serving,

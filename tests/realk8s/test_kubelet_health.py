@@ -39,6 +39,9 @@ class InProcessAgent:
                  timeout=timeout, what="the in-process agent ready")
         return "ok"
 
+    def logs(self) -> str:
+        return "(the in-process agent logs to pytest's captured log)"
+
 
 @pytest.fixture
 def daemon(cluster: RealCluster, node: str, dirs: NodeDirs) -> Iterator[Daemon]:
