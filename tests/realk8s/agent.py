@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tests.e2e.harness import DRIVER, AgentProcess, device_classes
 from tests.realk8s.cluster import RESOURCE, RealCluster, bin_dir
@@ -36,7 +36,14 @@ def revisions(cluster: RealCluster, node: str) -> dict[str, str]:
             for s in cluster.slices(node) if s["spec"]["driver"] == DRIVER}
 
 
-def wait_settled(cluster: RealCluster, node: str, agent: AgentProcess,
+class Serving(Protocol):
+    """What ``wait_settled`` needs of an agent: an agent process, or one run in process."""
+
+    def wait_http(self, path: str = "/readyz", timeout: float = 20.0) -> str: ...
+    def logs(self) -> str: ...
+
+
+def wait_settled(cluster: RealCluster, node: str, agent: Serving,
                  quiet: float = 2.0, timeout: float = 40.0) -> dict[str, str]:
     """Wait until the agent is ready and its slices stop changing for ``quiet`` seconds."""
     agent.wait_http("/readyz", timeout=timeout)

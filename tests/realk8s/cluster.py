@@ -220,6 +220,7 @@ class RealCluster:
 _KINDS = {
     "Node": ("nodes", False), "Namespace": ("namespaces", False), "Pod": ("pods", True),
     "ResourceSlice": ("resourceslices", False), "ResourceClaim": ("resourceclaims", True),
+    "ResourceClaimTemplate": ("resourceclaimtemplates", True),
     "DeviceClass": ("deviceclasses", False), "ServiceAccount": ("serviceaccounts", True),
 }
 

@@ -19,12 +19,14 @@ import pytest
 from tests.e2e.harness import AgentProcess, NodeDirs, reap, temporary_node_dirs
 from tests.fakes.kubelet import KubeletStandIn
 from tests.realk8s.cluster import RealCluster, bin_dir, minor_under_test
+from tests.realk8s.kubelet import KubeletDRA
 
 HERE = Path(__file__).resolve().parent
 _names = itertools.count()
 
 StartAgent = Callable[..., AgentProcess]
 StartCluster = Callable[..., RealCluster]
+StartKubelet = Callable[..., KubeletDRA]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -114,3 +116,22 @@ def kubelet(dirs: NodeDirs) -> Iterator[KubeletStandIn]:
     """The kubelet stand-in's gRPC side (registration, prepare, unprepare) for ``dirs``."""
     with KubeletStandIn(dirs.registry, retry_initial=0.05) as standin:
         yield standin
+
+
+
+@pytest.fixture
+def start_kubelet(minor: str, dirs: NodeDirs) -> Iterator[StartKubelet]:
+    """``start_kubelet(kubeconfig, node, feature_gates="")``: the kubelet's own DRA code
+    (bin/<minor>/kubelet-dra) on ``dirs``; stopped at the end, its log printed."""
+    started: list[KubeletDRA] = []
+
+    def start(kubeconfig: Path, node: str, feature_gates: str = "") -> KubeletDRA:
+        kubelet = KubeletDRA(minor, kubeconfig, node, dirs.kubelet, feature_gates=feature_gates)
+        started.append(kubelet)
+        return kubelet
+
+    yield start
+    for kubelet in started:
+        kubelet.stop()
+    if started:
+        print(f"--- kubelet-dra ---\n{started[-1].logs()}")

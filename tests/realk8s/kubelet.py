@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -26,12 +27,15 @@ class KubeletDRA:
         self._log: IO[str] = self.log.open("a")
         self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log, text=True)
+        # One request at a time on the pipe: a test may drive it from a second thread.
+        self._lock = threading.Lock()
 
     def call(self, op: str, timeout: float = 60, **fields: Any) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
+        with self._lock:
+            self.proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
         if not line:
             raise AssertionError(f"kubelet-dra exited ({self.proc.poll()}):\n{self.logs()}")
         answer: dict[str, Any] = json.loads(line)
@@ -56,6 +60,15 @@ class KubeletDRA:
     def registered(self, *drivers: str) -> dict[str, bool]:
         plugins: dict[str, bool] = self.call("plugins", drivers=list(drivers))["plugins"]
         return plugins
+
+    def health(self, pod: Mapping[str, Any]) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+        """container -> the allocatedResourcesStatus the kubelet would write for it, and the
+        pod UIDs the manager asked to have resynced since the last call."""
+        answer = self.call("health", pod=pod)
+        assert "error" not in answer, answer
+        health: dict[str, list[dict[str, Any]]] = answer.get("health", {})
+        notified: list[str] = answer.get("notified", [])
+        return health, notified
 
     def logs(self) -> str:
         if not self._log.closed:

@@ -5,9 +5,12 @@ restart, unprepare."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Iterator
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,28 +19,10 @@ import pytest
 from tests.e2e.harness import DRIVER, GPU_CLASS, NIC_CLASS, AgentProcess, NodeDirs
 from tests.realk8s.agent import allocate, make_claim, revisions, wait_settled
 from tests.realk8s.cluster import RealCluster
-from tests.realk8s.conftest import StartAgent
+from tests.realk8s.conftest import StartAgent, StartKubelet
 from tests.realk8s.kubelet import KubeletDRA
 from tests.realk8s.test_node_identity import pod_using
 from tests.waiting import wait_for
-
-StartKubelet = Callable[[Path, str], KubeletDRA]
-
-
-@pytest.fixture
-def start_kubelet(minor: str, dirs: NodeDirs) -> Iterator[StartKubelet]:
-    started: list[KubeletDRA] = []
-
-    def start(kubeconfig: Path, node: str) -> KubeletDRA:
-        kubelet = KubeletDRA(minor, kubeconfig, node, dirs.kubelet)
-        started.append(kubelet)
-        return kubelet
-
-    yield start
-    for kubelet in started:
-        kubelet.stop()
-    if started:
-        print(f"--- kubelet-dra ---\n{started[-1].logs()}")
 
 
 def get_pod(cluster: RealCluster, pod: dict[str, Any]) -> dict[str, Any]:
@@ -255,3 +240,156 @@ def test_the_kubelets_30_s_wipe_and_a_quick_restart(
     back = start_agent(node_kubeconfig, node, name="back")
     restored = wait_settled(cluster, node, back)
     assert len(restored) == len(settled) and set(restored).isdisjoint(settled)
+
+
+def claim_from_template(cluster: RealCluster, pod: dict[str, Any], pod_claim: str,
+                        template: dict[str, Any], owner: dict[str, Any] | None = None,
+                        ) -> dict[str, Any]:
+    """What the resourceclaim controller does for a pod's template claim: a claim with the
+    generated name ``<pod>-<podClaim>-xxxxx``, the pod-claim-name annotation, the template's
+    labels and spec, the pod as its controller (``owner``: another pod, to forge one); then
+    the pod's status.resourceClaimStatuses names it (the kubelet reads the name there)."""
+    meta, owner_meta = pod["metadata"], (owner or pod)["metadata"]
+    inner = template["spec"]
+    claim = cluster.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {
+            "generateName": f"{meta['name']}-{pod_claim}-", "namespace": meta["namespace"],
+            "annotations": {**(inner.get("metadata") or {}).get("annotations", {}),
+                            "resource.kubernetes.io/pod-claim-name": pod_claim},
+            "labels": (inner.get("metadata") or {}).get("labels", {}),
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": owner_meta["name"],
+                                 "uid": owner_meta["uid"], "controller": True}]},
+        "spec": inner["spec"]})
+    status = cluster.admin.request(
+        "PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+        body={"status": {"resourceClaimStatuses": [
+            {"name": pod_claim, "resourceClaimName": claim["metadata"]["name"]}]}},
+        content_type="application/merge-patch+json")
+    status.raise_for_status()
+    return claim
+
+
+def test_a_claim_from_a_template(
+    cluster: RealCluster, node: str, dirs: NodeDirs, start_agent: StartAgent,
+    start_kubelet: StartKubelet, cdi_check_bin: Path,
+) -> None:
+    """A pod's claim made from a ResourceClaimTemplate: the kubelet finds its generated name
+    in the pod's status, insists that the pod owns it, and prepares it like any other."""
+    _, kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet)
+    template = cluster.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": f"two-gpus-{node}", "namespace": "default"},
+        "spec": {"metadata": {"labels": {"app": "trainer"}}, "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": GPU_CLASS, "count": 2}}]}}}})
+
+    def templated_pod(name: str) -> dict[str, Any]:
+        return cluster.create({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node, "containers": [
+                {"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpus"}]}}],
+                "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName":
+                                    template["metadata"]["name"]}]}})
+
+    pod = templated_pod(f"trainer-{node}")
+    kubelet.active([pod])
+    # Before the controller has made the claim: the kubelet itself refuses, no plugin call.
+    error = kubelet.prepare(pod)
+    assert "ResourceClaim not created yet" in error, error
+
+    claim = claim_from_template(cluster, pod, "gpus", template)
+    name = claim["metadata"]["name"]
+    base = f"trainer-{node}-gpus-"
+    assert name.startswith(base) and len(name) == len(base) + 5, name
+    claim = allocate(cluster, claim, node, pod=pod)
+    pod = get_pod(cluster, pod)
+    uid = claim["metadata"]["uid"]
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert len(results) == 2
+    kubelet.active([pod])
+    assert kubelet.prepare(pod) == ""
+    ids = kubelet.resources(pod, "c")
+    assert sorted(ids) == sorted(f"k8s.{DRIVER}/claim={uid}-{r['device']}" for r in results)
+    env = dict(e.split("=", 1) for e in inject(cdi_check_bin, dirs, ids)["process"]["env"])
+    assert env["DRA_AGENT_CLAIM_UID"] == uid
+    (record,) = dirs.records().values()
+    assert (record["namespace"], record["name"]) == ("default", name)
+
+    # A claim that another pod controls, named in this pod's status: refused by the kubelet.
+    thief = templated_pod(f"thief-{node}")
+    forged = claim_from_template(cluster, thief, "gpus", template, owner=pod)
+    allocate(cluster, forged, node, pod=thief)
+    thief = get_pod(cluster, thief)
+    kubelet.active([pod, thief])
+    error = kubelet.prepare(thief)
+    assert "(pod is not owner)" in error.lower(), error  # 1.37: "Pod", 1.35: "pod"
+
+    kubelet.active([pod])
+    assert kubelet.unprepare(pod) == ""
+    assert dirs.cdi_files() == [] and dirs.records() == {}
+
+
+_REQUESTS = re.compile(r'^dra_agent_requests_total\{([^}]*)\} ([0-9.e+]+)$', re.M)
+
+
+def calls_served(agent: AgentProcess) -> int:
+    """NodePrepareResources and NodeUnprepareResources calls the agent answered without error."""
+    status, text = agent.url("/metrics")
+    assert status == 200, text
+    return int(sum(float(value) for labels, value in _REQUESTS.findall(text)
+                   if 'method="Node' in labels and 'result="ok"' in labels))
+
+
+def test_a_rolling_update_moves_the_kubelet_to_the_new_instance(
+    cluster: RealCluster, node: str, dirs: NodeDirs, start_agent: StartAgent,
+    start_kubelet: StartKubelet,
+) -> None:
+    """The DaemonSet's surge: a second instance (--rolling-update, its own pod UID) starts
+    beside the first; the kubelet, preparing and unpreparing all along, turns to the newer
+    one, the old one stops, and not one call fails, nor is a slice rewritten."""
+    def instance(name: str) -> StartAgent:
+        return lambda kubeconfig, node: start_agent(
+            kubeconfig, node, "--rolling-update", "--pod-uid", str(uuid.uuid4()), name=name)
+
+    old, kubelet = agent_and_kubelet(cluster, node, instance("old"), start_kubelet)
+    settled = revisions(cluster, node)
+    claim = make_claim(cluster, f"rolling-{node}", [("gpu", GPU_CLASS), ("nic", NIC_CLASS)])
+    pod = pod_using(cluster, node, claim)
+    allocate(cluster, claim, node, pod=pod)
+    pod = get_pod(cluster, pod)
+    kubelet.active([pod])
+
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def churn() -> None:  # the kubelet's calls, one pair after another, through the switch
+        while not stop.is_set():
+            failures.extend(e for e in (kubelet.prepare(pod), kubelet.unprepare(pod)) if e)
+
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: calls_served(old) >= 4, timeout=20, what="calls to the old instance")
+        new = instance("new")(cluster.node_kubeconfig(node), node)
+        new.wait_http("/readyz")
+        wait_for(lambda: calls_served(new) >= 4, timeout=30,
+                 what="the kubelet calling the new instance")
+        # From now on the kubelet calls only the newest instance.
+        by_old, by_new = calls_served(old), calls_served(new)
+        wait_for(lambda: calls_served(new) >= by_new + 4, timeout=20, what="more calls")
+        assert calls_served(old) == by_old
+        assert old.terminate() == 0
+        by_new = calls_served(new)
+        wait_for(lambda: calls_served(new) >= by_new + 4, timeout=20,
+                 what="calls after the old instance stopped")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert failures == [], failures[:3]
+    assert kubelet.registered(DRIVER)[DRIVER]
+    registry = sorted(os.listdir(dirs.registry))
+    assert len(registry) == 1 and registry[0].startswith(f"{DRIVER}-"), registry  # new's only
+    assert dirs.cdi_files() == [] and dirs.records() == {}
+    assert revisions(cluster, node) == settled
+    assert new.terminate() == 0

@@ -10,8 +10,13 @@ device health stream, and wipes the node's ResourceSlices as a restarting kubele
     with KubeletStandIn(registry_dir) as kubelet:
         reg = kubelet.wait_registered("dra-agent.io")
         results = kubelet.prepare("dra-agent.io", [ClaimRef("ns", "claim", uid)])
+
+:class:`PodClaims` adds the kubelet's DRA manager per pod on top (claim GET, reservedFor,
+owner and registration checks before any call; the whole pod fails on one claim's error).
+README.md lists what the real kubelet does and which parts the stand-in plays.
 """
 
+from tests.fakes.kubelet.pods import ClaimGetter, PodClaims, PodError
 from tests.fakes.kubelet.registry import PluginWatcher
 from tests.fakes.kubelet.standin import CALL_TIMEOUT, SERVICES, HealthStream, KubeletStandIn
 from tests.fakes.kubelet.types import (
@@ -30,6 +35,7 @@ from tests.fakes.kubelet.types import (
 __all__ = [
     "CALL_TIMEOUT",
     "SERVICES",
+    "ClaimGetter",
     "ClaimRef",
     "DriverNotRegisteredError",
     "HealthStream",
@@ -38,6 +44,8 @@ __all__ = [
     "KubeletStandIn",
     "PluginCallError",
     "PluginWatcher",
+    "PodClaims",
+    "PodError",
     "PrepareResult",
     "PreparedDevice",
     "Registration",

@@ -11,7 +11,14 @@
 //	{"op":"active","pods":[POD,...]}              -> {} (what the reconcile loop sees running;
 //	                                                 it unprepares nothing before the first)
 //	{"op":"plugins","drivers":[NAME,...]}         -> {"plugins":{"NAME":true|false}}
+//	{"op":"health","pod":POD}                     -> {"health":{"CONTAINER":[ResourceStatus,...]},
+//	                                                  "notified":["POD UID",...]}
 //
+// "health" is what the kubelet writes into each container's status.allocatedResourcesStatus
+// (the manager's UpdateAllocatedResourcesStatus over the health its WatchResources streams
+// reported; needs --feature-gates=ResourceHealthStatus=true where that is not the default),
+// and "notified" the pods the manager has asked, since the last "health", to have their status
+// synced again (its Updates channel, which the kubelet's sync loop reads).
 // POD is a v1 Pod as the API server returns it. Restarting the program on the same --root-dir
 // is a kubelet restart: the Manager reloads its checkpoint from there.
 package main
@@ -54,9 +61,11 @@ type request struct {
 }
 
 type answer struct {
-	Error      string          `json:"error,omitempty"`
-	CDIDevices []string        `json:"cdiDevices,omitempty"`
-	Plugins    map[string]bool `json:"plugins,omitempty"`
+	Error      string                         `json:"error,omitempty"`
+	CDIDevices []string                       `json:"cdiDevices,omitempty"`
+	Plugins    map[string]bool                `json:"plugins,omitempty"`
+	Health     map[string][]v1.ResourceStatus `json:"health,omitempty"`
+	Notified   []string                       `json:"notified,omitempty"`
 }
 
 // sources: the kubelet's pod sources count as complete once the test has said which pods
@@ -68,10 +77,11 @@ func (*sources) AddSource(string) {}
 func (s *sources) AllReady() bool { return s.ready.Load() }
 
 type harness struct {
-	manager *dra.Manager
-	sources *sources
-	mu      sync.Mutex
-	active  []*v1.Pod
+	manager  *dra.Manager
+	sources  *sources
+	mu       sync.Mutex
+	active   []*v1.Pod
+	notified []string // pod UIDs from the manager's Updates channel, until the next "health"
 }
 
 func main() {
@@ -126,6 +136,7 @@ func run(kubeconfig, nodeName, rootDir, gates string) error {
 	plugins := pluginmanager.NewPluginManager(registry, record.NewFakeRecorder(100))
 	plugins.AddHandler(pluginregistration.DRAPlugin, manager.GetWatcherHandler())
 	go plugins.Run(ctx, &sources{}, ctx.Done()) // the plugin manager never waits for pods
+	go h.collectUpdates(ctx)
 	return h.serve(ctx)
 }
 
@@ -145,6 +156,36 @@ func nodeGetter(get func(context.Context) (*v1.Node, error)) dra.GetNodeFunc {
 		return []reflect.Value{reflect.ValueOf(node), errValue}
 	})
 	return fn.Interface().(dra.GetNodeFunc)
+}
+
+// collectUpdates plays the kubelet's sync loop reading the manager's Updates: it remembers
+// which pods the manager wants resynced (the channel is buffered and drops when full).
+func (h *harness) collectUpdates(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case update := <-h.manager.Updates():
+			h.mu.Lock()
+			h.notified = append(h.notified, update.PodUIDs...)
+			h.mu.Unlock()
+		}
+	}
+}
+
+// allocatedResourcesStatus fills status the way the kubelet's status manager has the DRA
+// manager fill it. The method takes a logger first since 1.37 and none before.
+func (h *harness) allocatedResourcesStatus(pod *v1.Pod, status *v1.PodStatus) error {
+	method := reflect.ValueOf(h.manager).MethodByName("UpdateAllocatedResourcesStatus")
+	if !method.IsValid() {
+		return errors.New("this DRA manager has no UpdateAllocatedResourcesStatus")
+	}
+	args := []reflect.Value{reflect.ValueOf(pod), reflect.ValueOf(status)}
+	if method.Type().NumIn() == 3 {
+		args = append([]reflect.Value{reflect.ValueOf(klog.Background())}, args...)
+	}
+	method.Call(args)
+	return nil
 }
 
 func (h *harness) activePods() []*v1.Pod {
@@ -230,6 +271,29 @@ func (h *harness) handle(ctx context.Context, req request) answer {
 			found[name] = err == nil
 		}
 		return answer{Plugins: found}
+	case "health":
+		if err := needPod(); err != nil {
+			return answer{Error: err.Error()}
+		}
+		status := req.Pod.Status.DeepCopy()
+		status.ContainerStatuses = nil // the kubelet's fresh status: one entry per container
+		for _, container := range req.Pod.Spec.Containers {
+			status.ContainerStatuses = append(status.ContainerStatuses,
+				v1.ContainerStatus{Name: container.Name})
+		}
+		if err := h.allocatedResourcesStatus(req.Pod, status); err != nil {
+			return answer{Error: err.Error()}
+		}
+		health := map[string][]v1.ResourceStatus{}
+		for _, container := range status.ContainerStatuses {
+			health[container.Name] = append([]v1.ResourceStatus{},
+				container.AllocatedResourcesStatus...)
+		}
+		h.mu.Lock()
+		notified := h.notified
+		h.notified = nil
+		h.mu.Unlock()
+		return answer{Health: health, Notified: notified}
 	default:
 		return answer{Error: fmt.Sprintf("unknown op %q", req.Op)}
 	}
