@@ -16,6 +16,7 @@ from hack.benches import Figure
 
 AREAS = (
     "discovery", "cdi", "plugin", "flood", "slices", "startup", "explain", "health", "ops", "e2e",
+    "realkubelet",
 )
 
 
