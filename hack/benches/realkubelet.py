@@ -9,11 +9,9 @@ unprepared by each in turn, interleaved (which goes first alternates per round),
 the same agent, checkpoint size and machine load. The clock runs from the request to the
 answer: for kubelet-dra that includes one JSON line each way on a pipe (tens of µs).
 
-kubelet-dra builds its API client with client-go's defaults (5 QPS, burst 10), not the
-kubelet's (kubeAPIQPS 50, kubeAPIBurst 100): past the first ten prepares each one waits for the
-limiter before its claim GET, and the real figure reads about 170 ms instead of about 20 ms
-(measured with the kubelet's limits set in the harness). The limiter is the harness's, not the
-kubelet's; the fix belongs in hack/realk8s/tools/kubelet-dra.
+kubelet-dra's API client runs at the kubelet's own limits (kubeAPIQPS 50, kubeAPIBurst 100):
+at client-go's defaults (5, 10) every prepare past the tenth waited for the limiter before its
+claim GET, and the figure read about 170 ms instead of about 20 ms.
 
 Skipped with one line when the binaries are not built (``hack/realk8s/build.sh <minor>``).
 """
