@@ -199,7 +199,7 @@ class CheckpointStore:
         fd = self._lock_fd
         if fd is not None:
             try:
-                if os.stat(self._lock_path).st_ino == os.fstat(fd).st_ino:
+                if os.lstat(self._lock_path).st_ino == os.fstat(fd).st_ino:
                     return fd
             except FileNotFoundError:
                 pass

@@ -5,6 +5,8 @@ is written under a temporary name that does not end in either, fsynced, renamed 
 and the directory fsynced: a reader sees the old file or the complete new one, and after a
 crash the rename is either durable or not there at all. The file system calls go through
 ``FileOps`` so tests can make a disk fill up or turn read-only at any step.
+
+Spec files are mode 0600, root's only: ``SPEC_FILE_MODE`` says why (claim env values).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from agent.claims import ClaimRef, uid_problem
+from agent.k8snames import dns_label_problem
 from agent.prepare.devices import SpecDevice
 from agent.safefile import UnsafeFileError, read_capped
 from cdi.annotations import annotations_for
@@ -158,15 +159,20 @@ class CDIClaimSpecs:
         try:
             doc = json.loads(read_capped(path, MAX_SPEC_BYTES))
             names = [d["name"] for d in doc.get("devices", [])]
-            if not all(isinstance(n, str) for n in names):
-                raise TypeError("a device name is not a string")
+            ours = [n[len(uid) + 1 :] for n in names
+                    if isinstance(n, str) and n.startswith(uid + "-")]
+            # The names become device names of an adopted record: ResourceSlice device names,
+            # so DNS labels (which also keeps NUL, surrogates and newlines out of the record).
+            for device in ours:
+                if (why := dns_label_problem(device)) is not None:
+                    raise ValueError(f"device name {device!a} {why}")
         except FileNotFoundError:
             return []  # removed since the listing (the other instance of a rolling update)
         except (OSError, UnsafeFileError, ValueError, KeyError, TypeError, AttributeError,
                 RecursionError) as err:  # ValueError: bad UTF-8 and JSON; RecursionError: depth
             self._set_aside(path, uid, err)
             return []
-        return [n[len(uid) + 1 :] for n in names if n.startswith(uid + "-")]
+        return ours
 
     def _set_aside(self, path: Path, uid: str, err: Exception) -> None:
         copy = path.with_name(f".{path.name}.corrupt-{int(self._clock())}")
