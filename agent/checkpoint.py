@@ -22,6 +22,10 @@ Decisions, each answering a bug an existing driver shipped:
   incompatible format would use a different file name, so an old agent never misreads it.
 * **Two-phase records** (``PrepareStarted`` then ``PrepareCompleted``) and the boot ID under
   which each record's CDI spec was written, so a reboot (tmpfs CDI dir) is told from a restart.
+* **Whatever cannot be trusted is corruption.** Too deep to parse, not UTF-8, a lone UTF-16
+  surrogate (``\\ud800`` parses, but can never be written back), a claim UID or name that the
+  kubelet-facing path would refuse (a NUL in a UID would otherwise reach a path at start-up):
+  each is a ``CheckpointCorruptError``, never another exception that stops the agent.
 
 File I/O, locking and corruption handling live in ``agent.checkpoint_store``.
 """
@@ -34,6 +38,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
+
+from agent.claims import name_problem, uid_problem
 
 SCHEMA_VERSION = 1
 
@@ -159,6 +165,8 @@ class ClaimRecord:
             state = ClaimState(state_text)
         except ValueError as err:
             raise ValueError(f"claim {uid}: unknown state {state_text!r}") from err
+        if (why := uid_problem(uid)) is not None:
+            raise ValueError(f"claim {uid!a}: {why}")
         if obj.get("uid", uid) != uid:
             raise ValueError(f"claim {uid}: record carries uid {obj.get('uid')!r}")
         devices = obj.get("devices", [])
@@ -168,17 +176,28 @@ class ClaimRecord:
         allocation = obj.get("allocation")
         if allocation is not None:
             allocation = _mapping(allocation, f"claim {uid} allocation")
+        namespace, name = _str(obj, "namespace"), _str(obj, "name")
+        recovered = _bool(obj, "recovered")
+        # A record adopted from a CDI spec (recovered) knows no namespace or name; any other
+        # must name a claim the kubelet could have sent, as ``check_uid`` demands of requests.
+        if not (recovered and namespace == name == "") and (
+            why := name_problem(namespace, name)
+        ) is not None:
+            raise ValueError(f"claim {uid}: {why}")
+        spec_path = _opt_str(obj, "specPath") or ""
+        if "\0" in spec_path:
+            raise ValueError(f"claim {uid}: specPath holds a NUL byte")
         return cls(
             uid=uid,
-            namespace=_str(obj, "namespace"),
-            name=_str(obj, "name"),
+            namespace=namespace,
+            name=name,
             state=state,
             devices=tuple(PreparedDevice.from_json(d) for d in devices),
             cdi_annotations={str(k): str(v) for k, v in annotations.items()},
-            spec_path=_opt_str(obj, "specPath") or "",
+            spec_path=spec_path,
             boot_id=_opt_str(obj, "bootID") or "",
             updated=_opt_str(obj, "updated") or "",
-            recovered=_bool(obj, "recovered"),
+            recovered=recovered,
             allocation=allocation,
             extra={k: v for k, v in obj.items() if k not in known},
         )
@@ -204,6 +223,8 @@ def checksum(document: Mapping[str, Any]) -> str:
 
 
 def encode(data: CheckpointData) -> bytes:
+    """The file's bytes. Raises ``UnicodeEncodeError`` for a string that is not valid Unicode
+    (a lone surrogate) and ``ValueError``/``TypeError`` for a value JSON cannot hold."""
     doc: dict[str, Any] = dict(data.extra)
     doc["schemaVersion"] = max(data.schema_version, SCHEMA_VERSION)
     doc["claims"] = {uid: data.claims[uid].to_json() for uid in sorted(data.claims)}
@@ -216,15 +237,17 @@ def encode(data: CheckpointData) -> bytes:
 
 def decode(raw: bytes, path: str = "checkpoint") -> CheckpointData:
     """Parse and verify a checkpoint; anything untrustworthy raises CheckpointCorruptError."""
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointCorruptError(path, f"not JSON: {err}") from err
+    doc = _loads(raw, path)
     if not isinstance(doc, dict):
         raise CheckpointCorruptError(path, "top level is not an object")
     stored = doc.get("checksum")
-    if stored != checksum(doc):
-        raise CheckpointCorruptError(path, f"checksum mismatch (stored {stored!r})")
+    try:
+        # Hashing encodes every string of the document: a lone surrogate fails here, once.
+        expected = checksum(doc)
+    except (UnicodeEncodeError, RecursionError) as err:
+        raise CheckpointCorruptError(path, f"cannot be written back: {_short(err)}") from err
+    if stored != expected:
+        raise CheckpointCorruptError(path, f"checksum mismatch (stored {stored!a})")
     version = doc.get("schemaVersion")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise CheckpointCorruptError(path, f"bad schemaVersion {version!r}")
@@ -246,8 +269,8 @@ def salvage(raw: bytes) -> dict[str, ClaimRecord]:
     trusted as proof that a claim is prepared (its spec is rewritten on the next prepare).
     """
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        doc = _loads(raw, "checkpoint")
+    except CheckpointCorruptError:
         return {}
     claims = doc.get("claims") if isinstance(doc, dict) else None
     if not isinstance(claims, dict):
@@ -255,10 +278,29 @@ def salvage(raw: bytes) -> dict[str, ClaimRecord]:
     out: dict[str, ClaimRecord] = {}
     for uid, rec in claims.items():
         try:
-            out[str(uid)] = replace(ClaimRecord.from_json(str(uid), rec), recovered=True)
-        except (ValueError, TypeError):
+            record = replace(ClaimRecord.from_json(str(uid), rec), recovered=True)
+            # Kept only if it can be written back: one bad string must not make every later
+            # write of the checkpoint fail.
+            json.dumps(record.to_json(), ensure_ascii=False).encode()
+        except (ValueError, TypeError, RecursionError):  # UnicodeEncodeError is a ValueError
             continue
+        out[str(uid)] = record
     return out
+
+
+def _loads(raw: bytes, path: str) -> Any:
+    """JSON from bytes; everything the parser can raise on hostile input is corruption."""
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointCorruptError(path, f"not JSON: {_short(err)}") from err
+    except RecursionError as err:  # e.g. 200,000 nested arrays
+        raise CheckpointCorruptError(path, "nested too deeply to parse") from err
+
+
+def _short(err: Exception) -> str:
+    """An error's text, safe for a one-line log: ASCII only, at most 200 characters."""
+    return ascii(str(err))[1:-1][:200]
 
 
 def _bool(obj: Mapping[str, Any], key: str) -> bool:

@@ -9,17 +9,31 @@ not exclude anybody.
 A corrupt file never stops the agent and is never silently reset: it is renamed to
 ``<checkpoint>.corrupt-<unix ts>``, counted, logged, and the records that still parse are kept
 as *recovered* (their devices stay taken; the next prepare of such a claim starts over).
+"Corrupt" includes anything planted at the name (``agent.safefile``): a symlink, a FIFO, a
+device, a file over ``MAX_CHECKPOINT_BYTES``.
+
+Nothing in the plugin directory is followed or predictable: temp files get random names and
+``O_EXCL|O_NOFOLLOW``; a symlink or non-regular file at the lock path is set aside too.
+
+A change that cannot be encoded (a lone surrogate in a string) fails that change alone: the
+cache is only replaced by a state that is known to encode, so one claim's bad string never
+makes every other claim's write fail.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import json
 import logging
 import os
+import re
+import secrets
+import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,37 +46,56 @@ from agent.checkpoint import (
     salvage,
 )
 from agent.metrics import Metrics
+from agent.safefile import UnsafeFileError, read_capped
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Claims = dict[str, ClaimRecord]
 
+#: Largest checkpoint read or written. A record is ~1.4 KiB (two GPUs, an opaque config of
+#: eight variables), and a node holds at most a few hundred claims (110 pods by default), so a
+#: real file stays under 1 MiB. Measured: decoding and re-encoding a 16 MiB file (11,700
+#: records) adds ~135 MiB to the process's peak RSS; with the agent's own ~100 MiB that stays
+#: under half of the DaemonSet's 512 MiB memory limit (deploy/base/daemonset.yaml). A change
+#: that would grow the file past it fails (that claim only), so the agent never writes a file
+#: it would refuse to read.
+MAX_CHECKPOINT_BYTES = 16 << 20
+#: boot_id is a 36-character UUID; the cap only bounds a hostile ``--boot-id-file``.
+_MAX_BOOT_ID_BYTES = 256
+_BOOT_ID = re.compile(r"[A-Za-z0-9-]{1,64}", re.ASCII)
+
 
 class CheckpointWriteError(Exception):
     """The checkpoint could not be written durably; the change did not happen."""
 
-    def __init__(self, path: Path, cause: OSError) -> None:
-        super().__init__(f"cannot write checkpoint {path}: {cause.strerror or cause}")
+    def __init__(self, path: Path, cause: Exception) -> None:
+        text = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(cause)
+        super().__init__(f"cannot write checkpoint {path}: {text}")
         self.path = path
         self.cause = cause
 
 
 def read_boot_id(path: Path) -> str:
-    """The Linux boot ID (changes on every boot); "" when the file cannot be read."""
+    """The Linux boot ID (changes on every boot); "" when the file cannot be read or does not
+    hold one (it is stored in every record, so nothing else may come from it)."""
     try:
-        return path.read_text().strip()
-    except OSError:
+        text = read_capped(path, _MAX_BOOT_ID_BYTES).decode("ascii").strip()
+    except (OSError, UnsafeFileError, UnicodeDecodeError):
         return ""
+    return text if _BOOT_ID.fullmatch(text) else ""
 
 
 def durable_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Write ``data`` to ``path`` atomically and durably: temp file, fsync, rename, dir fsync.
 
     The temp name ends in neither ``.json`` nor ``.yaml`` so CDI watchers never read it half
-    written; it carries the thread id so concurrent writers of different files never collide.
+    written. It is random and created with ``O_EXCL|O_NOFOLLOW``: concurrent writers never
+    collide, and a symlink planted at a guessable name is never followed (``rename`` then
+    replaces whatever is at ``path`` itself, a symlink included, without following it).
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, mode)
     try:
         view = memoryview(data)
         while view:
@@ -139,6 +172,9 @@ class CheckpointStore:
                 if durable:
                     self._write_locked(data.with_claims(claims))
                 else:
+                    # Not written yet, but every later write encodes it: prove it encodes now
+                    # (only the changed records; the rest were encoded when they came in).
+                    self._check_encodes(claims, data.claims)
                     self._cache = data.with_claims(claims)
             return result
 
@@ -163,16 +199,50 @@ class CheckpointStore:
         fd = self._lock_fd
         if fd is not None:
             try:
-                if os.stat(self._lock_path).st_ino == os.fstat(fd).st_ino:
+                if os.lstat(self._lock_path).st_ino == os.fstat(fd).st_ino:
                     return fd
             except FileNotFoundError:
                 pass
             os.close(fd)
             self._lock_fd = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = self._open_lock()
         self._lock_fd = fd
         return fd
+
+    def _open_lock(self) -> int:
+        """Open (or create) the lock file without following a symlink planted at its name.
+
+        Anything but a regular file there (a symlink, a FIFO) is renamed aside once and a
+        fresh file created: following it would lock, or create, a file elsewhere. The other
+        instance of a rolling update does the same, so both end up on the same new inode.
+        """
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        for attempt in (1, 2):
+            try:
+                fd = os.open(self._lock_path, flags, 0o600)
+            except OSError as err:
+                if err.errno != errno.ELOOP or attempt == 2:
+                    raise CheckpointWriteError(self._lock_path, err) from err
+                self._lock_aside("a symbolic link")
+                continue
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISREG(mode):
+                return fd
+            os.close(fd)
+            if attempt == 2:
+                break
+            self._lock_aside("not a regular file")
+        raise CheckpointWriteError(
+            self._lock_path, OSError(errno.EINVAL, "the lock path is not a regular file"))
+
+    def _lock_aside(self, what: str) -> None:
+        copy = self._lock_path.with_name(
+            f"{self._lock_path.name}.corrupt-{int(self._clock())}-{secrets.token_hex(4)}")
+        with contextlib.suppress(FileNotFoundError):  # the other instance moved it first
+            os.rename(self._lock_path, copy)
+        log.error("checkpoint lock path held something planted; set it aside",
+                  extra={"path": str(self._lock_path), "copy": str(copy), "found": what})
 
     def close(self) -> None:
         """Release the lock file descriptor (the agent is stopping)."""
@@ -183,7 +253,7 @@ class CheckpointStore:
 
     def _key(self) -> tuple[int, int, int] | None:
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)  # a planted symlink is judged as itself, never followed
         except FileNotFoundError:
             return None
         return (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -195,21 +265,20 @@ class CheckpointStore:
         if key is None:
             data = CheckpointData()
         else:
+            raw = b""
             try:
-                raw = self.path.read_bytes()
+                raw = read_capped(self.path, MAX_CHECKPOINT_BYTES)
                 data = decode(raw, str(self.path))
-            except (OSError, CheckpointCorruptError) as err:
-                data = self._set_aside(err)
+            except (OSError, UnsafeFileError, CheckpointCorruptError) as err:
+                data = self._set_aside(err, raw)
                 key = self._key()
         self._cache, self._cache_key = data, key
         return data
 
-    def _set_aside(self, err: Exception) -> CheckpointData:
-        """Move a bad file out of the way, keep what still parses, and say so loudly."""
+    def _set_aside(self, err: Exception, raw: bytes) -> CheckpointData:
+        """Move a bad file out of the way, keep what still parses of ``raw`` (the bytes read,
+        b"" when none could be), and say so loudly."""
         self._metrics.checkpoint_corrupt.inc()
-        raw = b""
-        with contextlib.suppress(OSError):
-            raw = self.path.read_bytes()
         copy = self.path.with_name(f"{self.path.name}.corrupt-{int(self._clock())}")
         try:
             os.replace(self.path, copy)
@@ -235,8 +304,24 @@ class CheckpointStore:
             self._write_locked(data)
         return data
 
+    def _check_encodes(self, claims: Claims, before: Mapping[str, ClaimRecord]) -> None:
+        for uid, record in claims.items():
+            if before.get(uid) is not record:
+                try:
+                    json.dumps(record.to_json(), ensure_ascii=False).encode()
+                except (ValueError, TypeError, RecursionError) as err:
+                    raise CheckpointWriteError(self.path, _encode_error(uid, err)) from err
+
     def _write_locked(self, data: CheckpointData) -> None:
-        raw = encode(data)
+        # Encoding comes first and touches nothing: if it fails, the cache is as it was.
+        try:
+            raw = encode(data)
+        except (ValueError, TypeError, RecursionError) as err:
+            raise CheckpointWriteError(self.path, _encode_error(None, err)) from err
+        if len(raw) > MAX_CHECKPOINT_BYTES:
+            raise CheckpointWriteError(self.path, ValueError(
+                f"the checkpoint would be {len(raw)} bytes, over the "
+                f"{MAX_CHECKPOINT_BYTES}-byte cap it is read with"))
         start = time.perf_counter()
         try:
             durable_write(self.path, raw)
@@ -245,3 +330,9 @@ class CheckpointStore:
             raise CheckpointWriteError(self.path, err) from err
         self._metrics.checkpoint_write_duration.observe(time.perf_counter() - start)
         self._cache, self._cache_key = data, self._key()
+
+
+def _encode_error(uid: str | None, err: Exception) -> ValueError:
+    """What could not be encoded, in ASCII (the cause may hold the very string at fault)."""
+    where = f"claim {uid!a}" if uid is not None else "a record"
+    return ValueError(f"{where} cannot be encoded: {str(err)!a}"[:300])

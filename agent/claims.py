@@ -4,6 +4,11 @@ The claim is read as a plain dict (any of resource.k8s.io v1, v1beta2, v1beta1: 
 here, ``metadata`` and ``status.allocation``, have the same shape in all three). Each problem is
 a ``ClaimError`` naming the claim and the JSON path, so the kubelet's event tells the operator
 what to fix.
+
+Every string read here must be valid Unicode. ``json.loads`` turns a ``"\\ud800"`` escape into
+a lone UTF-16 surrogate, which no UTF-8 encoder takes: it would fail the checkpoint's write
+(and the kubelet's gRPC answer) long after parsing, far from the claim at fault. So it is
+refused here, once, naming the field (``unencodable_path``).
 """
 
 from __future__ import annotations
@@ -171,6 +176,9 @@ def parse_claim(obj: Any, expected: ClaimRef | None = None) -> Claim:
         name=_get_str(meta, "name", label, "metadata"),
         uid=_get_str(meta, "uid", label, "metadata"),
     )
+    # Before any message quotes them: the label itself must be safe to log and send.
+    _check_encodable(str(expected) if expected else ascii(str(ref)),
+                     {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid}, "metadata")
     if expected is not None and ref.uid != expected.uid:
         raise ClaimReplacedError(
             str(expected),
@@ -191,6 +199,7 @@ def parse_devices(
     devices: Mapping[str, Any], label: str
 ) -> tuple[tuple[AllocatedDevice, ...], tuple[OpaqueConfig, ...]]:
     """``status.allocation.devices``: its results and its opaque configs."""
+    _check_encodable(label, devices, "status.allocation.devices")
     results = tuple(
         _parse_result(r, label, i) for i, r in enumerate(_get_list(devices, "results", label))
     )
@@ -219,6 +228,48 @@ def allocation_json(claim: Claim, driver: str) -> dict[str, Any]:
         for c in claim.configs if c.driver == driver
     ]
     return {"results": results, "config": configs}
+
+
+def unencodable_path(value: Any, path: str) -> str | None:
+    """The JSON path of the first string (key or value) in ``value`` that is not valid Unicode
+    (so cannot be encoded as UTF-8), or None when there is none.
+
+    Iterative, so a deeply nested opaque parameter cannot exhaust the stack; the path shows a
+    key that is itself the problem escaped (ASCII), so the error line is safe to log and send.
+    """
+    stack: list[tuple[str, Any]] = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str):
+            if not _encodes(item):
+                return where
+        elif isinstance(item, Mapping):
+            for key, child in item.items():
+                shown = key if isinstance(key, str) and key.isprintable() else ascii(key)
+                if isinstance(key, str) and not _encodes(key):
+                    return f"{where}.{shown}"
+                stack.append((f"{where}.{shown}", child))
+        elif isinstance(item, list | tuple):
+            stack.extend((f"{where}[{i}]", child) for i, child in enumerate(item))
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_encodable(label: str, value: Any, path: str) -> None:
+    where = unencodable_path(value, path)
+    if where is not None:
+        raise ClaimError(
+            label,
+            f"{where} holds a string that is not valid Unicode (a lone UTF-16 surrogate such "
+            "as \\ud800); it cannot be written to the checkpoint or a CDI spec",
+        )
 
 
 def _parse_result(item: Any, label: str, index: int) -> AllocatedDevice:

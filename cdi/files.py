@@ -5,6 +5,8 @@ is written under a temporary name that does not end in either, fsynced, renamed 
 and the directory fsynced: a reader sees the old file or the complete new one, and after a
 crash the rename is either durable or not there at all. The file system calls go through
 ``FileOps`` so tests can make a disk fill up or turn read-only at any step.
+
+Spec files are mode 0600, root's only: ``SPEC_FILE_MODE`` says why (claim env values).
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ from cdi.errors import CDISpecError, CDIWriteError
 from cdi.names import validate_class, validate_vendor
 from cdi.spec import Spec
 
-SPEC_FILE_MODE = 0o644
+#: Claim specs are readable by root only. They carry the claim's environment (its opaque
+#: config's ``env``: tokens, endpoints, whatever a user put there) and the claim's namespace,
+#: name and UID, and the only readers on a Kubernetes node are containerd and CRI-O, which run
+#: as root. The CDI library's own ``Cache.WriteSpec`` writes 0600 too (``os.CreateTemp`` in
+#: pkg/cdi/spec.go, never chmodded); NVIDIA's DRA GPU plugin writes 0644 (nvcdi's default).
+#: A rootless runtime (podman as a user) cannot read them, and has no claims to use them for.
+SPEC_FILE_MODE = 0o600
 SPEC_SUFFIXES = (".json", ".yaml")
 TEMP_SUFFIX = ".tmp"
 
@@ -90,15 +98,24 @@ def fsync_dir(path: Path, ops: FileOps | None = None) -> None:
         os.close(fd)
 
 
-def write_spec(cdi_dir: Path, file_name: str, spec: Spec, *, ops: FileOps | None = None) -> Path:
-    """Validate ``spec`` and write it durably to ``cdi_dir/file_name`` (mode 0644).
+def write_spec(
+    cdi_dir: Path, file_name: str, spec: Spec, *, ops: FileOps | None = None,
+    max_bytes: int | None = None,
+) -> Path:
+    """Validate ``spec`` and write it durably to ``cdi_dir/file_name`` (``SPEC_FILE_MODE``).
 
     Raises ``CDIWriteError(path, cause)`` when the disk is full, read-only or not writable;
-    no temporary file is left behind and an existing spec of that name is unchanged.
+    no temporary file is left behind and an existing spec of that name is unchanged. With
+    ``max_bytes``, a spec that renders longer is a ``CDISpecError`` (its reader caps it).
+    The temporary name is random and opened ``O_EXCL|O_NOFOLLOW``: a symlink planted in the
+    directory is never followed, and ``replace`` swaps the directory entry itself.
     """
     _check_file_name(file_name)
     spec.validate()
     data = render_spec(spec, file_name)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise CDISpecError(f"it would be {len(data)} bytes, over the {max_bytes}-byte cap "
+                           "it is read back with", cdi_dir / file_name)
     ops = ops or OsFileOps()
     final = cdi_dir / file_name
     temp = cdi_dir / f".{file_name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
@@ -106,10 +123,10 @@ def write_spec(cdi_dir: Path, file_name: str, spec: Spec, *, ops: FileOps | None
     created = False
     try:
         cdi_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        fd = ops.open(str(temp), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = ops.open(str(temp), flags, 0o600)
         created = True
-        # The umask may strip bits from the create mode; runtimes running as other users
-        # (rootless podman) need to read the file.
+        # Exactly SPEC_FILE_MODE whatever the umask (which may only take bits away).
         os.fchmod(fd, SPEC_FILE_MODE)
         view = memoryview(data)
         while view:

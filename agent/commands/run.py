@@ -86,6 +86,7 @@ def command(**kwargs: Any) -> None:
     from agent.daemon import Daemon, DaemonError, RunOptions
     from agent.logs import setup_logging
 
+    os.umask(0o077)  # what the agent creates (plugin dir, checkpoint, specs) is root's only
     cfg = pop_config(kwargs)
     health = _health_options(kwargs)
     rolling_update: bool = kwargs["rolling_update"]

@@ -9,26 +9,44 @@
 * the spec-level edits are what every container using any device of the claim needs once: the
   provider's common edits (NVIDIA control nodes, driver libraries and hooks, ``/dev/vfio/vfio``,
   ``rdma_cm``), when it has any (``CommonEdits``), plus the claim-level env;
-* the lowest cdiVersion the content needs (``cdi.spec`` computes it).
+* the lowest cdiVersion the content needs (``cdi.spec`` computes it);
+* mode 0600 (``cdi.files.SPEC_FILE_MODE``, which says why), at most ``MAX_SPEC_BYTES``.
+
+At start-up the specs of ours are the evidence of what was prepared, so each file under one of
+our names is read as untrusted (``agent.safefile``): a symlink, FIFO, device, a file over the
+cap, or one that does not parse (too deep, bad UTF-8) is set aside as
+``.<name>.corrupt-<unix ts>`` (a name runtimes ignore), logged once, and its UID still counts
+with no devices. A claim whose record survives gets its spec rewritten on the next prepare.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from agent.claims import ClaimRef, uid_problem
+from agent.k8snames import dns_label_problem
 from agent.prepare.devices import SpecDevice
+from agent.safefile import UnsafeFileError, read_capped
 from cdi.annotations import annotations_for
 from cdi.errors import CDIWriteError
 from cdi.files import claim_spec_file_name, remove_spec, write_spec
 from cdi.spec import CDIDevice, ContainerEdits, Spec
 from discovery.model import Device
 
+log = logging.getLogger(__name__)
+
 CLASS = "claim"
+#: Largest claim spec written or read back. A real one is a few KiB (per device: its nodes,
+#: driver mounts and hooks, a few variables); 16 MiB is the checkpoint's cap too, whose
+#: measured cost fits the DaemonSet's memory limit (agent.checkpoint_store). Start-up reads
+#: the specs one at a time, so that is also the peak of the whole scan.
+MAX_SPEC_BYTES = 16 << 20
 
 
 class DeviceEdits(Protocol):
@@ -62,8 +80,14 @@ class EnvOnlyEdits:
 class CDIClaimSpecs:
     """``ClaimSpecs`` on a real CDI directory."""
 
-    def __init__(self, cdi_dir: Path, driver: str, edits: DeviceEdits) -> None:
+    def __init__(
+        self, cdi_dir: Path, driver: str, edits: DeviceEdits,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.cdi_dir = cdi_dir
+        self._clock = clock
+        #: Where unreadable specs of ours were moved at start-up, during this process's life.
+        self.corrupt_copies: list[Path] = []
         self.vendor = f"k8s.{driver}"
         self.kind = f"{self.vendor}/{CLASS}"
         self.edits = edits
@@ -102,7 +126,8 @@ class CDIClaimSpecs:
 
     def write(self, claim: ClaimRef, devices: Sequence[SpecDevice], env: Sequence[str]) -> Path:
         spec = self.build(claim, devices, env)
-        return write_spec(self.cdi_dir, self.path(claim.uid).name, spec)
+        return write_spec(self.cdi_dir, self.path(claim.uid).name, spec,
+                          max_bytes=MAX_SPEC_BYTES)
 
     def remove(self, claim_uid: str) -> None:
         try:
@@ -129,13 +154,39 @@ class CDIClaimSpecs:
         return out
 
     def _devices_in(self, path: Path, uid: str) -> list[str]:
-        """Device names in one of our specs; [] when unreadable (its UID still counts)."""
+        """Device names in one of our specs; [] when unreadable (its UID still counts), and an
+        untrustworthy file is set aside so neither we nor a runtime read it again."""
         try:
-            doc = json.loads(path.read_bytes())
-            names = [str(d["name"]) for d in doc.get("devices", [])]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            doc = json.loads(read_capped(path, MAX_SPEC_BYTES))
+            names = [d["name"] for d in doc.get("devices", [])]
+            ours = [n[len(uid) + 1 :] for n in names
+                    if isinstance(n, str) and n.startswith(uid + "-")]
+            # The names become device names of an adopted record: ResourceSlice device names,
+            # so DNS labels (which also keeps NUL, surrogates and newlines out of the record).
+            for device in ours:
+                if (why := dns_label_problem(device)) is not None:
+                    raise ValueError(f"device name {device!a} {why}")
+        except FileNotFoundError:
+            return []  # removed since the listing (the other instance of a rolling update)
+        except (OSError, UnsafeFileError, ValueError, KeyError, TypeError, AttributeError,
+                RecursionError) as err:  # ValueError: bad UTF-8 and JSON; RecursionError: depth
+            self._set_aside(path, uid, err)
             return []
-        return [n[len(uid) + 1 :] for n in names if n.startswith(uid + "-")]
+        return ours
+
+    def _set_aside(self, path: Path, uid: str, err: Exception) -> None:
+        copy = path.with_name(f".{path.name}.corrupt-{int(self._clock())}")
+        try:
+            os.replace(path, copy)
+            self.corrupt_copies.append(copy)
+            moved = str(copy)
+        except OSError as move_err:
+            moved = f"not moved: {move_err.strerror or move_err}"
+        log.error(
+            "CDI spec of ours unreadable at start-up; set aside, its devices are not known",
+            extra={"claim": uid, "path": str(path), "copy": moved,
+                   "cause": f"{type(err).__name__}: {str(err)!a:.200}"},
+        )
 
     def annotations(self, claim_uid: str, cdi_ids: Sequence[str]) -> dict[str, str]:
         """The ``cdi.k8s.io/`` annotation the kubelet's DRA manager once set per claim."""

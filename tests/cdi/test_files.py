@@ -45,16 +45,16 @@ def test_claim_file_name_follows_the_transient_convention() -> None:
         claim_spec_file_name(VENDOR, "claim", "")
 
 
-def test_written_spec_is_valid_mode_0644_and_reads_back(checker: Checker, tmp_path: Path) -> None:
+def test_written_spec_is_valid_mode_0600_and_reads_back(checker: Checker, tmp_path: Path) -> None:
     cdi_dir = tmp_path / "run" / "cdi"  # created on demand, as on a fresh node
     name = claim_spec_file_name(VENDOR, "claim", UID)
-    old_umask = os.umask(0o077)
+    old_umask = os.umask(0)  # an inherited umask never widens it
     try:
         path = write_spec(cdi_dir, name, claim_spec())
     finally:
         os.umask(old_umask)
     assert path == cdi_dir / name
-    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert os.listdir(cdi_dir) == [name]
     assert read_spec(path) == claim_spec()
     out = checker.validate(path)
