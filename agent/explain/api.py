@@ -18,6 +18,7 @@ from agent.explain.cel_env import CelEnv
 from agent.explain.constraints import Tracker
 from agent.explain.devices import AllocatedDevice, parse_allocated, parse_slice
 from agent.explain.docs import Doc, InputError, from_object
+from agent.explain.features import MODELLED_KUBERNETES, Features, resolve
 from agent.explain.model import ALL, MAX_RESULTS, Claim, DeviceClass, parse_claim, parse_class
 from agent.explain.pools import AllocatedState, Node, PoolView, gather_pools
 from agent.explain.reasons import ALLOCATED, SELECTOR_ERROR, DeviceVerdict, Reason, RequestReport
@@ -73,14 +74,18 @@ def explain(
     *,
     node_labels: Mapping[str, str] | None = None,
     share_ids: Callable[[], str] | None = None,
+    feature_gates: Features | Mapping[str, bool] | str | None = None,
+    kubernetes_version: str = MODELLED_KUBERNETES,
 ) -> ExplainResult:
     """Replay the scheduler's Filter decision for one claim on one node.
 
     ``allocated`` are other ResourceClaims (only their ``status.allocation`` matters); the claim
     itself is skipped if it is among them. Raises InputError for input the API server or the
     scheduler would reject (unknown fields, CEL that does not compile, unknown classes).
+    ``feature_gates`` override ``kubernetes_version``'s defaults (see agent.explain.features).
     """
     t0 = time.perf_counter()
+    features = resolve(feature_gates, kubernetes_version)
     c = parse_claim(_doc(claim, "claim"))
     class_map = {k.name: k for k in (parse_class(_doc(x, "class")) for x in classes)}
     parsed_slices = [parse_slice(_doc(s, "slice")) for s in slices]
@@ -101,7 +106,7 @@ def explain(
     env = CelEnv()
     data = _request_data(c, class_map, env)
     search = Search(c, node, pools, entries, data, state, env,
-                    [Tracker(k) for k in c.constraints])
+                    [Tracker(k, features.list_type_attributes) for k in c.constraints])
     if share_ids is not None:
         search.share_ids = share_ids
 
