@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -33,15 +34,40 @@ def _doc(obj: Mapping[str, Any] | Doc, what: str) -> Doc:
     return obj if isinstance(obj, Doc) else from_object(obj, what)
 
 
-def _entries(pools: Sequence[PoolView]) -> list[Entry]:
+def _entries(pools: Sequence[PoolView], features: Features) -> list[Entry]:
     out: list[Entry] = []
     for pool in pools:
         if not pool.usable:
             continue
         for s in pool.slices:
             for d in s.devices:
+                # Devices the allocator never selects with a gate off (isSelectable, and
+                # allocateDevice for counters) are left out; fields it ignores are cleared.
+                if d.consumes and not features.partitionable_devices:
+                    continue
+                if d.binding_conditions and not features.binding_and_status:
+                    continue
+                if d.taints and not features.device_taints:
+                    d = replace(d, taints=())
+                if d.allow_multiple and not features.consumable_capacity:
+                    d = replace(d, allow_multiple=False)
                 out.append(Entry(len(out), d, pool, s.node_name, s.node_selector, s.per_device))
     return out
+
+
+def _gate_errors(claim: Claim, features: Features) -> None:
+    """What upstream's Allocate refuses up front when a gate is off (an error, not a fit)."""
+    for creq in claim.requests:
+        if creq.prioritized and not features.prioritized_list:
+            raise SearchAbortedError(f"request {creq.name}: has subrequests, but the "
+                                     "DRAPrioritizedList feature is disabled")
+        for req in creq.alternatives:
+            if req.capacity and not features.consumable_capacity:
+                raise SearchAbortedError(f"request {req.name}: has capacity requests, but the "
+                                         "DRAConsumableCapacity feature is disabled")
+            if req.admin_access and not features.admin_access:
+                raise SearchAbortedError(f"request {req.name}: admin access is requested, but "
+                                         "the DRAAdminAccess feature is disabled")
 
 
 def _location(entry: Entry) -> str:
@@ -92,7 +118,8 @@ def explain(
     held: list[AllocatedDevice] = []
     for a in allocated:
         doc = _doc(a, "allocated claim")
-        meta = doc.obj.get("metadata") or {}
+        meta = doc.obj.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}  # parse_allocated says what is wrong
         same_uid = c.uid and meta.get("uid") == c.uid
         same_name = (meta.get("namespace") or "default", meta.get("name")) == (c.namespace,
                                                                                c.name)
@@ -101,8 +128,8 @@ def explain(
     state = AllocatedState.build(held)
     node = Node(node_name, dict(node_labels or {"kubernetes.io/hostname": node_name}))
     t_parsed = time.perf_counter()
-    pools = gather_pools(parsed_slices, node)
-    entries = _entries(pools)
+    pools = gather_pools(parsed_slices, node, partitionable=features.partitionable_devices)
+    entries = _entries(pools, features)
     env = CelEnv()
     data = _request_data(c, class_map, env)
     search = Search(c, node, pools, entries, data, state, env,
@@ -113,6 +140,7 @@ def explain(
     error: str | None = None
     fits = False
     try:
+        _gate_errors(c, features)
         _prepare_all_mode(search)
         min_devices = sum(min(data[(ri, si)].num for si in range(len(r.alternatives)))
                           for ri, r in enumerate(c.requests))

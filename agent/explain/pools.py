@@ -102,9 +102,14 @@ def _relevant(s: Slice, node: Node) -> bool:
     return False  # some future node selection field: not ours to guess
 
 
-def gather_pools(slices: Sequence[Slice], node: Node) -> list[PoolView]:
+def gather_pools(slices: Sequence[Slice], node: Node, *, partitionable: bool = True
+                 ) -> list[PoolView]:
+    """``partitionable``: DRAPartitionableDevices; off, the node's slices using it are skipped
+    (only those: upstream still counts all slices when it checks an incomplete pool)."""
     newest: dict[tuple[str, str], list[Slice]] = {}
     for s in slices:
+        if not partitionable and (s.per_device or s.shared_counters):
+            continue
         if not _relevant(s, node):
             continue
         key = (s.driver, s.pool)
