@@ -38,7 +38,7 @@ from agent.explain.features import DEFAULTS, MODELLED_KUBERNETES
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
               show_default=True)
 @common_options
-def command(claim_file: str, class_files: tuple[str, ...], slices_from: str,
+def command(*, claim_file: str, class_files: tuple[str, ...], slices_from: str,
             allocated_files: tuple[str, ...], feature_gates: str, kubernetes_version: str,
             node_labels: str, output: str, **kwargs: Any) -> None:
     """Replay the scheduler's device allocation for one claim on this node."""
@@ -46,8 +46,9 @@ def command(claim_file: str, class_files: tuple[str, ...], slices_from: str,
 
     cfg = pop_config(kwargs)
     try:
-        _run(cfg, claim_file, class_files, slices_from, allocated_files, feature_gates,
-             kubernetes_version, node_labels, output)
+        _run(cfg, claim_file=claim_file, class_files=class_files, slices_from=slices_from,
+             allocated_files=allocated_files, feature_gates=feature_gates,
+             kubernetes_version=kubernetes_version, node_labels=node_labels, output=output)
     except InputError as err:
         _fail(f"error: {err}")
     except (RecursionError, MemoryError) as err:
@@ -78,7 +79,7 @@ def parse_labels(text: str) -> dict[str, str]:
     return out
 
 
-def _run(cfg: Any, claim_file: str, class_files: tuple[str, ...], slices_from: str,
+def _run(cfg: Any, *, claim_file: str, class_files: tuple[str, ...], slices_from: str,
          allocated_files: tuple[str, ...], feature_gates: str, kubernetes_version: str,
          node_labels: str, output: str) -> None:
     from agent.explain.docs import Doc, InputError, decode, load_file, load_text

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from agent.explain.allocator import (
@@ -40,9 +40,10 @@ def _entries(pools: Sequence[PoolView], features: Features) -> list[Entry]:
         if not pool.usable:
             continue
         for s in pool.slices:
-            for d in s.devices:
+            for published in s.devices:
                 # Devices the allocator never selects with a gate off (isSelectable, and
                 # allocateDevice for counters) are left out; fields it ignores are cleared.
+                d = published
                 if d.consumes and not features.partitionable_devices:
                     continue
                 if d.binding_conditions and not features.binding_and_status:

@@ -45,7 +45,7 @@ def _key(value: tuple[str, Any]) -> tuple[str, Any]:
 
 
 def _show(value: tuple[str, Any] | ValueSet) -> str:
-    kind, v = value
+    v = value[1]
     if isinstance(v, (list, tuple, frozenset, set)):
         return "[" + ", ".join(sorted(str(x) for x in v)) + "]"
     return str(v)

@@ -4,8 +4,8 @@ API server (read-only GETs of resource.k8s.io/v1)."""
 from __future__ import annotations
 
 import json
-from urllib.parse import quote
 from typing import Any
+from urllib.parse import quote
 
 from agent.config import Config
 from agent.explain.docs import InputError
@@ -72,6 +72,8 @@ class Cluster:
             response = self._api.request("GET", path, timeout=30.0)
         except KubeAPIError as err:
             raise InputError(path, f"cannot get: {err.reason}: {err.message}") from err
+        if response.status == 404:
+            return {}  # no Node object (yet): only the hostname label is assumed
         if not response.ok:
             raise InputError(path, f"cannot get: HTTP {response.status} (use --node-labels)")
         try:
