@@ -1,7 +1,7 @@
 """``dra-agent explain``: would this claim fit on this node, and why not.
 
 Thin: read the files (or discovery, or the cluster), call ``agent.explain.explain``, render.
-Exit 0 fits, 1 does not fit, 2 bad input (a message pointing at the file and line).
+Exit 0 fits, 1 does not fit, 2 bad input (one line, pointing at the file and line when known).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from agent.config import common_options, pop_config
+from agent.explain.features import DEFAULTS, MODELLED_KUBERNETES
 
 
 @click.command()
@@ -25,48 +26,105 @@ from agent.config import common_options, pop_config
 @click.option("--allocated", "allocated_files", multiple=True,
               type=click.Path(dir_okay=False),
               help="Claims already allocated (their status.allocation holds devices).")
+@click.option("--feature-gates", default="", metavar="NAME=BOOL,...",
+              help="kube-scheduler feature gates (DRAListTypeAttributes=true, ...) on top of "
+                   "--kubernetes-version's defaults.")
+@click.option("--kubernetes-version", default=MODELLED_KUBERNETES, show_default=True,
+              type=click.Choice(sorted(DEFAULTS)),
+              help="Whose scheduler gate defaults to start from.")
+@click.option("--node-labels", default="", metavar="KEY=VALUE,...",
+              help="The Node's labels, for slices and devices selected by nodeSelector "
+                   "[default: kubernetes.io/hostname=NODE; the Node's own with from-cluster].")
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
               show_default=True)
 @common_options
-def command(claim_file: str, class_files: tuple[str, ...], slices_from: str,
-            allocated_files: tuple[str, ...], output: str, **kwargs: Any) -> None:
+def command(*, claim_file: str, class_files: tuple[str, ...], slices_from: str,
+            allocated_files: tuple[str, ...], feature_gates: str, kubernetes_version: str,
+            node_labels: str, output: str, **kwargs: Any) -> None:
     """Replay the scheduler's device allocation for one claim on this node."""
-    from agent.explain.docs import Doc, InputError, load_file, load_text
-    from agent.explain.render import to_json, to_table, to_yaml
+    from agent.explain.docs import InputError
 
     cfg = pop_config(kwargs)
     try:
-        if claim_file == "-":
-            claims = load_text(sys.stdin.read(), "<stdin>")
-        else:
-            claims = load_file(claim_file)
-        if len(claims) != 1:
-            raise InputError(claim_file, f"expected one claim, found {len(claims)} objects")
-        classes: list[Doc | dict[str, Any]] = [d for f in class_files for d in load_file(f)]
-        allocated: list[Doc | dict[str, Any]] = [d for f in allocated_files for d in load_file(f)]
-        slices: list[Doc | dict[str, Any]]
-        if slices_from == "from-cluster":
-            from agent.explain.sources import Cluster
-
-            cluster = Cluster(cfg)
-            slices = list(cluster.slices())
-            if not class_files:
-                classes = list(cluster.classes())
-            if not allocated_files:
-                allocated = list(cluster.allocated_claims())
-        elif slices_from == "from-discovery":
-            from agent.explain.sources import slices_from_discovery
-
-            slices = list(slices_from_discovery(cfg))
-        else:
-            slices = list(load_file(slices_from))
-        from agent.explain.api import explain
-
-        result = explain(claims[0], classes, slices, cfg.node_name, allocated)
+        _run(cfg, claim_file=claim_file, class_files=class_files, slices_from=slices_from,
+             allocated_files=allocated_files, feature_gates=feature_gates,
+             kubernetes_version=kubernetes_version, node_labels=node_labels, output=output)
     except InputError as err:
-        click.echo(f"error: {err}", err=True)
-        raise SystemExit(2) from None
+        _fail(f"error: {err}")
+    except (RecursionError, MemoryError) as err:
+        _fail(f"error: the input is too large or too deeply nested ({type(err).__name__})")
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as err:
+        # Input the parsers did not foresee: one line, never a traceback (exit 2, not "1 = does
+        # not fit", so a script can tell them apart).
+        _fail(f"error: cannot use this input: {type(err).__name__}: {err}")
+
+
+def _fail(line: str) -> None:
+    click.echo(" ".join(line.split())[:1000], err=True)
+    raise SystemExit(2)
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """``k=v,k2=v2`` (kubectl's form); a key alone has an empty value."""
+    from agent.explain.docs import InputError
+
+    out: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        key, _, value = part.partition("=")
+        if not key.strip():
+            raise InputError("--node-labels", f"{part!r}: expected key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _run(cfg: Any, *, claim_file: str, class_files: tuple[str, ...], slices_from: str,
+         allocated_files: tuple[str, ...], feature_gates: str, kubernetes_version: str,
+         node_labels: str, output: str) -> None:
+    from agent.explain.docs import Doc, InputError, decode, load_file, load_text
+    from agent.explain.features import parse_gates
+    from agent.explain.render import to_json, to_table, to_yaml
+
+    features = parse_gates(feature_gates, kubernetes_version)
+    labels = parse_labels(node_labels)
+    if claim_file == "-":
+        claims = load_text(decode(sys.stdin.buffer.read(), "<stdin>"), "<stdin>")
+    else:
+        claims = load_file(claim_file)
+    if len(claims) != 1:
+        raise InputError(claim_file, f"expected one claim, found {len(claims)} objects")
+    classes: list[Doc | dict[str, Any]] = [d for f in class_files for d in load_file(f)]
+    allocated: list[Doc | dict[str, Any]] = [d for f in allocated_files for d in load_file(f)]
+    slices: list[Doc | dict[str, Any]]
+    if slices_from == "from-cluster":
+        from agent.explain.sources import Cluster
+
+        cluster = Cluster(cfg)
+        slices = list(cluster.slices())
+        if not class_files:
+            classes = list(cluster.classes())
+        if not allocated_files:
+            allocated = list(cluster.allocated_claims())
+        if not node_labels:
+            labels = cluster.node_labels()
+    elif slices_from == "from-discovery":
+        from agent.explain.sources import slices_from_discovery
+
+        slices = list(slices_from_discovery(cfg))
+    else:
+        slices = list(load_file(slices_from))
+    from agent.explain.api import explain
+
+    result = explain(claims[0], classes, slices, cfg.node_name, allocated,
+                     node_labels=_with_hostname(labels, cfg.node_name),
+                     feature_gates=features)
     text = to_json(result) if output == "json" else (
         to_yaml(result) if output == "yaml" else to_table(result))
     click.echo(text)
     raise SystemExit(0 if result.fits else 1)
+
+
+def _with_hostname(labels: dict[str, str], node: str) -> dict[str, str]:
+    """Every Node carries kubernetes.io/hostname; selectors on it must match unless told."""
+    return {"kubernetes.io/hostname": node, **labels}

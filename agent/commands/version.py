@@ -8,6 +8,7 @@ import platform
 import click
 
 from agent import __version__
+from agent.explain.features import MODELLED_KUBERNETES
 
 #: resource.k8s.io versions the slice controller can publish, in order of preference.
 RESOURCE_API_VERSIONS = ("v1", "v1beta2", "v1beta1")
@@ -21,6 +22,7 @@ def version_info() -> dict[str, object]:
         "python": platform.python_version(),
         "resourceAPIVersions": list(RESOURCE_API_VERSIONS),
         "kubeletServices": list(KUBELET_SERVICES),
+        "explainModelsKubernetes": MODELLED_KUBERNETES,
     }
 
 
@@ -35,3 +37,5 @@ def command(output: str) -> None:
     click.echo(f"dra-agent {info['version']} (python {info['python']})")
     click.echo(f"resource.k8s.io: {', '.join(RESOURCE_API_VERSIONS)}")
     click.echo(f"kubelet services: {', '.join(KUBELET_SERVICES)}")
+    click.echo(f"explain models: kube-scheduler {MODELLED_KUBERNETES} (its DRA feature gate "
+               "defaults; --kubernetes-version 1.35 for that release's)")

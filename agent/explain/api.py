@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from agent.explain.allocator import (
@@ -18,6 +19,7 @@ from agent.explain.cel_env import CelEnv
 from agent.explain.constraints import Tracker
 from agent.explain.devices import AllocatedDevice, parse_allocated, parse_slice
 from agent.explain.docs import Doc, InputError, from_object
+from agent.explain.features import MODELLED_KUBERNETES, Features, resolve
 from agent.explain.model import ALL, MAX_RESULTS, Claim, DeviceClass, parse_claim, parse_class
 from agent.explain.pools import AllocatedState, Node, PoolView, gather_pools
 from agent.explain.reasons import ALLOCATED, SELECTOR_ERROR, DeviceVerdict, Reason, RequestReport
@@ -32,15 +34,41 @@ def _doc(obj: Mapping[str, Any] | Doc, what: str) -> Doc:
     return obj if isinstance(obj, Doc) else from_object(obj, what)
 
 
-def _entries(pools: Sequence[PoolView]) -> list[Entry]:
+def _entries(pools: Sequence[PoolView], features: Features) -> list[Entry]:
     out: list[Entry] = []
     for pool in pools:
         if not pool.usable:
             continue
         for s in pool.slices:
-            for d in s.devices:
+            for published in s.devices:
+                # Devices the allocator never selects with a gate off (isSelectable, and
+                # allocateDevice for counters) are left out; fields it ignores are cleared.
+                d = published
+                if d.consumes and not features.partitionable_devices:
+                    continue
+                if d.binding_conditions and not features.binding_and_status:
+                    continue
+                if d.taints and not features.device_taints:
+                    d = replace(d, taints=())
+                if d.allow_multiple and not features.consumable_capacity:
+                    d = replace(d, allow_multiple=False)
                 out.append(Entry(len(out), d, pool, s.node_name, s.node_selector, s.per_device))
     return out
+
+
+def _gate_errors(claim: Claim, features: Features) -> None:
+    """What upstream's Allocate refuses up front when a gate is off (an error, not a fit)."""
+    for creq in claim.requests:
+        if creq.prioritized and not features.prioritized_list:
+            raise SearchAbortedError(f"request {creq.name}: has subrequests, but the "
+                                     "DRAPrioritizedList feature is disabled")
+        for req in creq.alternatives:
+            if req.capacity and not features.consumable_capacity:
+                raise SearchAbortedError(f"request {req.name}: has capacity requests, but the "
+                                         "DRAConsumableCapacity feature is disabled")
+            if req.admin_access and not features.admin_access:
+                raise SearchAbortedError(f"request {req.name}: admin access is requested, but "
+                                         "the DRAAdminAccess feature is disabled")
 
 
 def _location(entry: Entry) -> str:
@@ -73,21 +101,26 @@ def explain(
     *,
     node_labels: Mapping[str, str] | None = None,
     share_ids: Callable[[], str] | None = None,
+    feature_gates: Features | Mapping[str, bool] | str | None = None,
+    kubernetes_version: str = MODELLED_KUBERNETES,
 ) -> ExplainResult:
     """Replay the scheduler's Filter decision for one claim on one node.
 
     ``allocated`` are other ResourceClaims (only their ``status.allocation`` matters); the claim
     itself is skipped if it is among them. Raises InputError for input the API server or the
     scheduler would reject (unknown fields, CEL that does not compile, unknown classes).
+    ``feature_gates`` override ``kubernetes_version``'s defaults (see agent.explain.features).
     """
     t0 = time.perf_counter()
+    features = resolve(feature_gates, kubernetes_version)
     c = parse_claim(_doc(claim, "claim"))
     class_map = {k.name: k for k in (parse_class(_doc(x, "class")) for x in classes)}
     parsed_slices = [parse_slice(_doc(s, "slice")) for s in slices]
     held: list[AllocatedDevice] = []
     for a in allocated:
         doc = _doc(a, "allocated claim")
-        meta = doc.obj.get("metadata") or {}
+        meta = doc.obj.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}  # parse_allocated says what is wrong
         same_uid = c.uid and meta.get("uid") == c.uid
         same_name = (meta.get("namespace") or "default", meta.get("name")) == (c.namespace,
                                                                                c.name)
@@ -96,18 +129,19 @@ def explain(
     state = AllocatedState.build(held)
     node = Node(node_name, dict(node_labels or {"kubernetes.io/hostname": node_name}))
     t_parsed = time.perf_counter()
-    pools = gather_pools(parsed_slices, node)
-    entries = _entries(pools)
+    pools = gather_pools(parsed_slices, node, partitionable=features.partitionable_devices)
+    entries = _entries(pools, features)
     env = CelEnv()
     data = _request_data(c, class_map, env)
     search = Search(c, node, pools, entries, data, state, env,
-                    [Tracker(k) for k in c.constraints])
+                    [Tracker(k, features.list_type_attributes) for k in c.constraints])
     if share_ids is not None:
         search.share_ids = share_ids
 
     error: str | None = None
     fits = False
     try:
+        _gate_errors(c, features)
         _prepare_all_mode(search)
         min_devices = sum(min(data[(ri, si)].num for si in range(len(r.alternatives)))
                           for ri, r in enumerate(c.requests))

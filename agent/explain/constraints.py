@@ -21,11 +21,48 @@ def _applies(c: Constraint, base: str, sub: str | None) -> bool:
     return base in c.requests or (sub is not None and f"{base}/{sub}" in c.requests)
 
 
+#: List-type attribute kinds (DRAListTypeAttributes) and the scalar kind of their elements.
+_LIST_KINDS = {"strings": "string", "ints": "int", "bools": "bool", "versions": "version"}
+_SCALAR_KINDS = frozenset(_LIST_KINDS.values())
+
+ValueSet = tuple[str, frozenset[Any]]  # element kind, elements
+
+
+def as_set(value: tuple[str, Any]) -> ValueSet | None:
+    """Upstream's attributeAsSet: a scalar is a one-element set; None for unknown kinds."""
+    kind, v = value
+    base = _LIST_KINDS.get(kind)
+    if base is not None:
+        return (base, frozenset(v)) if v else None
+    if kind in _SCALAR_KINDS:
+        return kind, frozenset((v,))
+    return None
+
+
+def _key(value: tuple[str, Any]) -> tuple[str, Any]:
+    kind, v = value
+    return (kind, tuple(v)) if isinstance(v, list) else value
+
+
+def _show(value: tuple[str, Any] | ValueSet) -> str:
+    v = value[1]
+    if isinstance(v, (list, tuple, frozenset, set)):
+        return "[" + ", ".join(sorted(str(x) for x in v)) + "]"
+    return str(v)
+
+
 @dataclass(slots=True)
 class Tracker:
+    """One constraint. With ``list_type`` (DRAListTypeAttributes on) values are sets:
+    matchAttribute needs a common element across all chosen devices, distinctAttribute
+    pairwise-disjoint sets. Without it only scalars compare (upstream refuses a list there)."""
+
     constraint: Constraint
-    # value -> [count, request, device] of the devices holding it
+    list_type: bool = False
+    # scalar mode: value -> [count, request, device] of the devices holding it
     held: dict[tuple[str, Any], list[Any]] = field(default_factory=dict)
+    # list mode: matchAttribute pushes the running intersection, distinctAttribute each set
+    stack: list[tuple[ValueSet, str, str]] = field(default_factory=list)
     count: int = 0
 
     def check(self, base: str, sub: str | None, device: Device) -> Reason | None:
@@ -37,14 +74,20 @@ class Tracker:
         if value is None:
             return Reason(CONSTRAINT, f"{c.kind} {c.attribute}: the device has no such attribute",
                           {"constraint": c.kind, "attribute": c.attribute})
+        if self.list_type:
+            return self._check_sets(value)
         if self.count == 0:
             return None
+        if value[0] in _LIST_KINDS:
+            return Reason(CONSTRAINT, f"{c.kind} {c.attribute}: {_show(value)} is a list, which "
+                          "only compares with the DRAListTypeAttributes feature gate on",
+                          {"constraint": c.kind, "attribute": c.attribute})
         if c.match_attribute:
             first, (_, req, dev) = next(iter(self.held.items()))  # exactly one value held
             if first != value:
                 return Reason(
                     CONSTRAINT,
-                    f"matchAttribute {c.attribute}: {value[1]} here, {first[1]} on {dev} "
+                    f"matchAttribute {c.attribute}: {value[1]} here, {_show(first)} on {dev} "
                     f"chosen for request {req}",
                     {"constraint": c.kind, "attribute": c.attribute, "value": value[1],
                      "conflictsWith": {"request": req, "device": dev, "value": first[1]}})
@@ -59,23 +102,68 @@ class Tracker:
                  "conflictsWith": {"request": holder[1], "device": holder[2]}})
         return None
 
+    def _check_sets(self, value: tuple[str, Any]) -> Reason | None:
+        c = self.constraint
+        mine = as_set(value)
+        if mine is None:
+            return Reason(CONSTRAINT, f"{c.kind} {c.attribute}: the value has no known type",
+                          {"constraint": c.kind, "attribute": c.attribute})
+        if not self.stack:
+            return None
+        if c.match_attribute:
+            common, req, dev = self.stack[-1]
+            if common[0] == mine[0] and common[1] & mine[1]:
+                return None
+            return Reason(
+                CONSTRAINT,
+                f"matchAttribute {c.attribute}: {_show(mine)} here has nothing in common with "
+                f"{_show(common)}, shared by the devices chosen so far (from {dev} for request "
+                f"{req})",
+                {"constraint": c.kind, "attribute": c.attribute, "value": sorted(mine[1]),
+                 "conflictsWith": {"request": req, "device": dev, "value": sorted(common[1])}})
+        for other, req, dev in self.stack:
+            shared = other[1] & mine[1] if other[0] == mine[0] else frozenset()
+            if shared:
+                return Reason(
+                    CONSTRAINT,
+                    f"distinctAttribute {c.attribute}: {_show((mine[0], shared))} is already "
+                    f"used by {dev} chosen for request {req}",
+                    {"constraint": c.kind, "attribute": c.attribute, "value": sorted(shared),
+                     "conflictsWith": {"request": req, "device": dev}})
+        return None
+
     def add(self, base: str, sub: str | None, device: Device) -> None:
         if not _applies(self.constraint, base, sub):
             return
         value = device.attribute(self.constraint.attribute)
         assert value is not None
         name = base if sub is None else f"{base}/{sub}"
-        holder = self.held.setdefault(value, [0, name, device.name])
-        holder[0] += 1
         self.count += 1
+        if self.list_type:
+            mine = as_set(value)
+            assert mine is not None
+            if self.constraint.match_attribute and self.stack:
+                common, req, dev = self.stack[-1]
+                mine = (mine[0], common[1] & mine[1])
+                self.stack.append((mine, req, dev))
+            else:
+                self.stack.append((mine, name, device.name))
+            return
+        holder = self.held.setdefault(_key(value), [0, name, device.name])
+        holder[0] += 1
 
     def remove(self, base: str, sub: str | None, device: Device) -> None:
+        """Undo the latest ``add`` of this device (the search undoes in reverse order)."""
         if not _applies(self.constraint, base, sub):
             return
         value = device.attribute(self.constraint.attribute)
         assert value is not None
-        holder = self.held[value]
+        self.count -= 1
+        if self.list_type:
+            self.stack.pop()
+            return
+        key = _key(value)
+        holder = self.held[key]
         holder[0] -= 1
         if holder[0] == 0:
-            del self.held[value]
-        self.count -= 1
+            del self.held[key]

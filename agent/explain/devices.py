@@ -200,18 +200,32 @@ class AllocatedDevice:
 def parse_allocated(doc: Doc) -> list[AllocatedDevice]:
     """The allocation results of a ResourceClaim; an unallocated claim yields nothing."""
     obj = doc.obj
+    if (obj.get("kind") or "ResourceClaim") != "ResourceClaim":
+        raise doc.error(("kind",), f"expected a ResourceClaim, got {obj.get('kind')}")
     meta = obj.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        raise doc.error(("metadata",), "expected an object")
     claim = f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
+    for step in range(1, 4):  # status, status.allocation, ...devices: objects if present
+        part = ("status", "allocation", "devices")[:step]
+        if not isinstance(get_path(obj, *part) or {}, Mapping):
+            raise doc.error(part, "expected an object")
     results = get_path(obj, "status", "allocation", "devices", "results") or []
     if not isinstance(results, list):
         raise doc.error(("status", "allocation", "devices", "results"), "expected a list")
     out = []
     for i, r in enumerate(results):
         path: Path_ = ("status", "allocation", "devices", "results", i)
-        if not isinstance(r, Mapping) or not all(r.get(k) for k in ("driver", "pool", "device")):
-            raise doc.error(path, "a result needs driver, pool and device")
+        if not isinstance(r, Mapping) or not all(
+                isinstance(r.get(k), str) and r.get(k) for k in ("driver", "pool", "device")):
+            raise doc.error(path, "a result needs driver, pool and device (strings)")
+        raw_consumed = r.get("consumedCapacity") or {}
+        if not isinstance(raw_consumed, Mapping):
+            raise doc.error((*path, "consumedCapacity"), "expected an object")
+        if not isinstance(r.get("shareID") or "", str):
+            raise doc.error((*path, "shareID"), "expected a string")
         consumed = {k: quantity_at(doc, (*path, "consumedCapacity", k), v)
-                    for k, v in (r.get("consumedCapacity") or {}).items()}
+                    for k, v in raw_consumed.items()}
         out.append(AllocatedDevice(claim, (r["driver"], r["pool"], r["device"]),
                                    bool(r.get("adminAccess")), r.get("shareID"), consumed))
     return out

@@ -69,7 +69,10 @@ def load_text(text: str, source: str = "<input>") -> list[Doc]:
     """Parse every YAML document in ``text``; ``kind: *List`` documents yield their items."""
     import yaml
 
-    loader = yaml.SafeLoader(text)
+    try:  # the reader refuses control characters already while it is built
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as err:
+        raise InputError(source, f"not valid YAML: {err}") from err
     docs: list[Doc] = []
     try:
         while loader.check_node():
@@ -94,6 +97,9 @@ def load_text(text: str, source: str = "<input>") -> list[Doc]:
                     docs.append(Doc(item, source, lines, ("items", i)))
             else:
                 docs.append(Doc(obj, source, lines))
+    except RecursionError:
+        # The YAML composer recurses per level; no Kubernetes object nests anywhere near this.
+        raise InputError(source, "nested too deeply to be a Kubernetes object") from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{source}:{mark.line + 1}" if mark is not None else source
@@ -105,13 +111,22 @@ def load_text(text: str, source: str = "<input>") -> list[Doc]:
     return docs
 
 
+def decode(data: bytes, source: str) -> str:
+    """UTF-8 (as kubectl takes it), or one line saying where it is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(source, f"not UTF-8 text (byte 0x{data[err.start]:02x} at offset "
+                         f"{err.start})") from None
+
+
 def load_file(path: str | Path) -> list[Doc]:
     p = Path(path)
     try:
-        text = p.read_text()
+        data = p.read_bytes()
     except OSError as err:
         raise InputError(str(p), f"cannot read: {err.strerror or err}") from err
-    return load_text(text, str(p))
+    return load_text(decode(data, str(p)), str(p))
 
 
 def _index(loader: Any, node: Any, path: Path_, lines: dict[Path_, int]) -> None:

@@ -1,8 +1,10 @@
 """Which slices count for this node: pools, generations, completeness, node selection, and what
 other claims already hold (devices, shares, consumed capacity, counters).
 
-Mirrors the scheduler's pool gathering: only the newest generation of a pool counts; a pool
-whose ``resourceSliceCount`` slices are not all there is incomplete and never allocated from;
+Mirrors the scheduler's pool gathering: only the newest generation of a pool among the node's
+slices counts; if those are all ``resourceSliceCount`` slices the pool is used as is. Only
+otherwise are other nodes' slices consulted: a newer generation there drops the pool, and a
+pool whose slices are still not all there is incomplete and never allocated from;
 a pool with duplicate device names or dangling counter references is invalid.
 """
 
@@ -100,9 +102,14 @@ def _relevant(s: Slice, node: Node) -> bool:
     return False  # some future node selection field: not ours to guess
 
 
-def gather_pools(slices: Sequence[Slice], node: Node) -> list[PoolView]:
+def gather_pools(slices: Sequence[Slice], node: Node, *, partitionable: bool = True
+                 ) -> list[PoolView]:
+    """``partitionable``: DRAPartitionableDevices; off, the node's slices using it are skipped
+    (only those: upstream still counts all slices when it checks an incomplete pool)."""
     newest: dict[tuple[str, str], list[Slice]] = {}
     for s in slices:
+        if not partitionable and (s.per_device or s.shared_counters):
+            continue
         if not _relevant(s, node):
             continue
         key = (s.driver, s.pool)
@@ -114,6 +121,14 @@ def gather_pools(slices: Sequence[Slice], node: Node) -> list[PoolView]:
     pools: list[PoolView] = []
     for (driver, name), mine in newest.items():
         gen, expected = mine[0].generation, mine[0].slice_count
+        if len(mine) == expected:
+            # Complete from this node's slices alone: upstream uses it as is and never looks
+            # at other nodes' slices, so a newer generation published elsewhere does not count.
+            pool = PoolView(driver, name, gen, sorted(mine, key=lambda s: s.name),
+                            expected_slices=expected, seen_slices=len(mine))
+            _validate(pool, mine)
+            pools.append(pool)
+            continue
         everything = [s for s in slices if (s.driver, s.pool) == (driver, name)]
         if any(s.generation > gen for s in everything):
             continue  # the driver is replacing this generation: ignore the old data

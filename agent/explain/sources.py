@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 
 from agent.config import Config
 from agent.explain.docs import InputError
@@ -61,7 +62,25 @@ class Cluster:
         return [i for i in items or [] if isinstance(i, dict)]
 
     def slices(self) -> list[dict[str, Any]]:
-        return self._list(f"{API}/resourceslices", f"spec.nodeName={self._node}")
+        """All slices: those selected by nodeSelector or allNodes count for this node too, and
+        other nodes' slices decide whether an incomplete pool is obsolete."""
+        return self._list(f"{API}/resourceslices")
+
+    def node_labels(self) -> dict[str, str]:
+        path = f"/api/v1/nodes/{quote(self._node, safe='')}"
+        try:
+            response = self._api.request("GET", path, timeout=30.0)
+        except KubeAPIError as err:
+            raise InputError(path, f"cannot get: {err.reason}: {err.message}") from err
+        if response.status == 404:
+            return {}  # no Node object (yet): only the hostname label is assumed
+        if not response.ok:
+            raise InputError(path, f"cannot get: HTTP {response.status} (use --node-labels)")
+        try:
+            labels = (json.loads(response.body).get("metadata") or {}).get("labels") or {}
+        except (ValueError, AttributeError) as err:
+            raise InputError(path, f"cannot get: the answer is not a Node ({err})") from err
+        return {str(k): str(v) for k, v in labels.items()}
 
     def classes(self) -> list[dict[str, Any]]:
         return self._list(f"{API}/deviceclasses")
