@@ -12,10 +12,14 @@
 // {"unschedulable": true, "error": "..."} when they do not. Bad input or an allocator error
 // exits 1 with {"error": "..."}.
 //
-// Flags: --feature-gates (as kube-scheduler's).
+// Flags: --feature-gates (as kube-scheduler's); --lines: JSON lines, one input document a line
+// and one output line for each, in order (a bad line answers {"error": "..."} and the rest go
+// on), so that many cases pay for one process start.
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -74,8 +78,22 @@ func (c classes) Get(name string) (*resourceapi.DeviceClass, error) {
 
 func main() {
 	gates := flag.String("feature-gates", "", "feature gates, as kube-scheduler's --feature-gates")
+	lines := flag.Bool("lines", false, "JSON lines: one document a line, one answer a line")
 	flag.Parse()
-	out, err := run(os.Stdin, *gates)
+	if *gates != "" {
+		if err := utilfeature.DefaultMutableFeatureGate.Set(*gates); err != nil {
+			fmt.Fprintf(os.Stdout, "{\"error\":%q}\n", "--feature-gates: "+err.Error())
+			os.Exit(1)
+		}
+	}
+	if *lines {
+		if err := runLines(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "allocate:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	out, err := run(os.Stdin)
 	if err != nil {
 		out = output{Error: err.Error()}
 	}
@@ -88,12 +106,35 @@ func main() {
 	}
 }
 
-func run(r io.Reader, gates string) (output, error) {
-	if gates != "" {
-		if err := utilfeature.DefaultMutableFeatureGate.Set(gates); err != nil {
-			return output{}, fmt.Errorf("--feature-gates: %w", err)
+// runLines answers each non-empty line of r with one line on w.
+func runLines(r io.Reader, w io.Writer) error {
+	br := bufio.NewReaderSize(r, 1<<20)
+	bw := bufio.NewWriter(w)
+	enc := json.NewEncoder(bw)
+	for {
+		line, readErr := br.ReadBytes('\n')
+		if len(bytes.TrimSpace(line)) > 0 {
+			out, err := run(bytes.NewReader(line))
+			if err != nil {
+				out = output{Error: err.Error()}
+			}
+			if err := enc.Encode(out); err != nil {
+				return err
+			}
+			if err := bw.Flush(); err != nil {
+				return err
+			}
+		}
+		if readErr == io.EOF {
+			return nil
+		}
+		if readErr != nil {
+			return readErr
 		}
 	}
+}
+
+func run(r io.Reader) (output, error) {
 	var in input
 	dec := json.NewDecoder(r)
 	dec.DisallowUnknownFields()

@@ -1,0 +1,97 @@
+"""``explain`` against the scheduler's own allocator (``bin/<minor>/allocate --lines``) on
+hypothesis-generated cases: they must agree on fit and on the exact devices chosen.
+
+No cluster is needed, only the allocate binary of the minor under test. A disagreement prints
+the case as the allocator's input line and both answers; record it in
+tests/explain/test_allocator_agreement.py once its cause is known.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from tests.explain.differential import (
+    FEATURES,
+    allocator_doc,
+    answer_of_allocator,
+    answer_of_explain,
+    cases,
+    compare,
+    exact_choice_defined,
+    explain_case,
+)
+from tests.realk8s.cluster import bin_dir
+
+CASES = 2000
+
+
+class Allocate:
+    """One ``allocate --lines`` process: a line in, a line out."""
+
+    def __init__(self, minor: str) -> None:
+        binary = bin_dir(minor) / "allocate"
+        assert binary.is_file(), f"{binary} not built: run hack/realk8s/build.sh {minor}"
+        self.proc = subprocess.Popen([str(binary), "--lines"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def __call__(self, line: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline()
+        assert reply, f"allocate exited ({self.proc.poll()})"
+        answer: dict[str, Any] = json.loads(reply)
+        return answer
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def allocate(minor: str) -> Iterator[Allocate]:
+    tool = Allocate(minor)
+    yield tool
+    tool.close()
+
+
+def test_explain_agrees_with_the_allocator(minor: str, allocate: Allocate) -> None:
+    features = FEATURES[minor]
+    seen = {"cases": 0, "fits": 0, "errors": 0, "exact": 0}
+    start = time.monotonic()
+
+    @settings(max_examples=CASES, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(case=cases(features))
+    def check(case: dict[str, Any]) -> None:
+        exact = exact_choice_defined(case, minor)
+        line = allocator_doc(case, by_name=minor == "1.35")
+        reply = allocate(line)
+        assert set(reply) <= {"allocations", "unschedulable", "error"}, reply
+        if reply.get("error") and not reply.get("unschedulable"):
+            # Bad input is our generator's fault, not a disagreement: the tool says "input:".
+            assert not reply["error"].startswith("input:"), reply["error"]
+        expected = answer_of_allocator(reply)
+        got = answer_of_explain(explain_case(case, features))
+        seen["cases"] += 1
+        seen["fits"] += expected["fits"]
+        seen["errors"] += expected["error"]
+        seen["exact"] += exact
+        diff = compare(expected, got, exact)
+        assert diff is None, (f"{diff}\nallocator reply: {json.dumps(reply)}\n"
+                              f"case (allocate input): {line}")
+
+    check()
+    took = time.monotonic() - start
+    print(f"\nexplain vs allocate {minor}: {seen['cases']} cases ({seen['fits']} fit, "
+          f"{seen['errors']} allocator errors; exact choice compared in {seen['exact']}) "
+          f"in {took:.1f} s")
+    assert seen["cases"] >= CASES
