@@ -56,6 +56,10 @@ class Metrics:
             "dra_agent_checkpoint_corrupt", "Checkpoint files found corrupt and set aside.",
             registry=r,
         )
+        self.cdi_spec_corrupt = Counter(
+            "dra_agent_cdi_spec_corrupt",
+            "CDI spec files of ours found unreadable at start-up and set aside.", registry=r,
+        )
         # discovery and health
         self.devices = Gauge(
             "dra_agent_devices", "Discovered devices by type and health.",

@@ -12,15 +12,21 @@ from typing import Any
 import click
 
 from agent.checkpoint import CheckpointCorruptError, ClaimRecord, decode
+from agent.checkpoint_store import MAX_CHECKPOINT_BYTES
 from agent.config import common_options, pop_config
+from agent.safefile import UnsafeFileError, read_capped
 
 
 def load_records(path: Path) -> list[ClaimRecord]:
     """The records of the checkpoint at ``path``, sorted by namespace/name; [] if absent."""
     try:
-        raw = path.read_bytes()
+        # As the agent reads it: a FIFO, a symlink or a file over the cap planted at the
+        # checkpoint's name is refused at once instead of hanging or exhausting this command.
+        raw = read_capped(path, MAX_CHECKPOINT_BYTES)
     except FileNotFoundError:
         return []
+    except UnsafeFileError as err:
+        raise CheckpointCorruptError(str(path), err.reason) from err
     data = decode(raw, str(path))
     return sorted(data.claims.values(), key=lambda r: (r.namespace, r.name, r.uid))
 

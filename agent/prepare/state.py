@@ -129,7 +129,9 @@ class DevicePreparer:
         """
         records = self.checkpoint.claims()
         corrupt = bool(self.checkpoint.corrupt_copies)
+        set_aside = len(self.specs.corrupt_copies)
         on_disk = self.specs.claim_devices()
+        self.metrics.cdi_spec_corrupt.inc(len(self.specs.corrupt_copies) - set_aside)
         rolled_back = [u for u, r in records.items() if r.state is ClaimState.PREPARE_STARTED]
         orphans = [u for u in on_disk if u not in records]
         for uid in rolled_back:

@@ -47,3 +47,19 @@ def test_claims_with_corrupt_checkpoint_is_an_error_and_moves_nothing(node: Node
     code, out = run(node)
     assert code == 1 and "corrupt" in out
     assert node.checkpoint.read_bytes() == b"{oops"
+
+
+def test_claims_refuses_a_fifo_or_symlink_at_the_checkpoint_without_hanging(node: Node) -> None:
+    import os
+
+    from tests.plugin.test_hostile_files import in_thread
+
+    node.checkpoint.unlink(missing_ok=True)
+    os.mkfifo(node.checkpoint)
+    code, out = in_thread(lambda: run(node))  # an ordinary open would wait for a writer
+    assert code == 1 and "not a regular file" in out and "Traceback" not in out
+    node.checkpoint.unlink()
+    node.checkpoint.symlink_to("/dev/zero")
+    code, out = in_thread(lambda: run(node))
+    assert code == 1 and "symbolic link" in out
+    assert node.checkpoint.is_symlink()  # the command moves nothing
