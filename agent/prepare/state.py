@@ -71,8 +71,12 @@ class ClaimSpecs(Protocol):
     def remove(self, claim_uid: str) -> None: ...
 
     def claim_devices(self) -> dict[str, list[str]]:
-        """Claim UID -> device names, for every claim spec of ours in the CDI directory."""
+        """Claim UID -> device names, for every claim spec of ours in the CDI directory;
+        an unreadable one is set aside and listed in ``corrupt_copies``."""
         ...
+
+    @property
+    def corrupt_copies(self) -> list[Path]: ...
 
     def annotations(self, claim_uid: str, cdi_ids: Sequence[str]) -> dict[str, str]: ...
 
