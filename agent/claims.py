@@ -8,7 +8,8 @@ what to fix.
 Every string read here must be valid Unicode. ``json.loads`` turns a ``"\\ud800"`` escape into
 a lone UTF-16 surrogate, which no UTF-8 encoder takes: it would fail the checkpoint's write
 (and the kubelet's gRPC answer) long after parsing, far from the claim at fault. So it is
-refused here, once, naming the field (``unencodable_path``).
+refused here, once, naming the field (``unwritable_path``), as is nesting too deep for the
+checkpoint's JSON encoder.
 """
 
 from __future__ import annotations
@@ -230,28 +231,44 @@ def allocation_json(claim: Claim, driver: str) -> dict[str, Any]:
     return {"results": results, "config": configs}
 
 
-def unencodable_path(value: Any, path: str) -> str | None:
-    """The JSON path of the first string (key or value) in ``value`` that is not valid Unicode
-    (so cannot be encoded as UTF-8), or None when there is none.
+#: How deep a claim's JSON may nest. The checkpoint keeps this driver's opaque parameters, and
+#: Python's json encoder recurses: near its recursion limit (~1,000) the durable write would
+#: fail long after parsing. The API server lets 10 KiB of parameters nest thousands deep; our
+#: own DeviceConfig needs 3 levels, so 64 refuses nothing real.
+MAX_DEPTH = 64
+
+
+def unwritable_path(value: Any, path: str) -> tuple[str, str] | None:
+    """The JSON path of the first part of ``value`` that cannot be written to the checkpoint
+    or a CDI spec, and why: a string (key or value) that is not valid Unicode (it cannot be
+    encoded as UTF-8), or nesting deeper than ``MAX_DEPTH``. None when everything can.
 
     Iterative, so a deeply nested opaque parameter cannot exhaust the stack; the path shows a
     key that is itself the problem escaped (ASCII), so the error line is safe to log and send.
     """
-    stack: list[tuple[str, Any]] = [(path, value)]
+    stack: list[tuple[str, Any, int]] = [(path, value, 0)]
     while stack:
-        where, item = stack.pop()
+        where, item, depth = stack.pop()
         if isinstance(item, str):
             if not _encodes(item):
-                return where
-        elif isinstance(item, Mapping):
+                return where, _NOT_UNICODE
+            continue
+        if isinstance(item, Mapping | list | tuple) and depth >= MAX_DEPTH:
+            # The path of a 2,000-deep list is thousands of "[0]": its start says enough.
+            shown = where if len(where) <= 120 else where[:117] + "..."
+            return shown, f"nests deeper than {MAX_DEPTH} levels"
+        if isinstance(item, Mapping):
             for key, child in item.items():
                 shown = key if isinstance(key, str) and key.isprintable() else ascii(key)
                 if isinstance(key, str) and not _encodes(key):
-                    return f"{where}.{shown}"
-                stack.append((f"{where}.{shown}", child))
+                    return f"{where}.{shown}", _NOT_UNICODE
+                stack.append((f"{where}.{shown}", child, depth + 1))
         elif isinstance(item, list | tuple):
-            stack.extend((f"{where}[{i}]", child) for i, child in enumerate(item))
+            stack.extend((f"{where}[{i}]", child, depth + 1) for i, child in enumerate(item))
     return None
+
+
+_NOT_UNICODE = "holds a string that is not valid Unicode (a lone UTF-16 surrogate such as \\ud800)"
 
 
 def _encodes(text: str) -> bool:
@@ -263,13 +280,11 @@ def _encodes(text: str) -> bool:
 
 
 def _check_encodable(label: str, value: Any, path: str) -> None:
-    where = unencodable_path(value, path)
-    if where is not None:
+    found = unwritable_path(value, path)
+    if found is not None:
+        where, why = found
         raise ClaimError(
-            label,
-            f"{where} holds a string that is not valid Unicode (a lone UTF-16 surrogate such "
-            "as \\ud800); it cannot be written to the checkpoint or a CDI spec",
-        )
+            label, f"{where} {why}; it cannot be written to the checkpoint or a CDI spec")
 
 
 def _parse_result(item: Any, label: str, index: int) -> AllocatedDevice:

@@ -119,6 +119,23 @@ def test_surrogate_claim_fails_alone_and_the_other_claim_is_prepared(node: Node)
     assert set(on_disk) == {good["metadata"]["uid"]} and on_disk[good["metadata"]["uid"]].completed
 
 
+def test_opaque_parameters_nested_too_deep_for_the_checkpoint_fail_alone(node: Node) -> None:
+    # 10 KiB of opaque parameters may nest thousands deep (the API server allows it); the
+    # checkpoint's JSON encoder recurses and would fail the durable write after parsing.
+    deep: Any = 0
+    for _ in range(2_000):
+        deep = [deep]
+    bad = node.book.put(make_claim("deep", ["gpu-0"], config=[{"source": "FromClaim", "opaque": {
+        "driver": DRIVER, "parameters": {"apiVersion": "dra-agent.io/v1alpha1",
+                                         "kind": "DeviceConfig", "x": deep}}}]))
+    good = node.book.put(make_claim("good", ["gpu-1"]))
+    answers = node.prepare(bad, good)
+    error = answers[bad["metadata"]["uid"]].error
+    assert "nests deeper than 64 levels" in error and len(error) < 400
+    assert answers[good["metadata"]["uid"]].ok
+    assert set(CheckpointStore(node.checkpoint).claims()) == {good["metadata"]["uid"]}
+
+
 # -- the checkpoint cache never keeps a state that does not encode --------------------------
 
 
