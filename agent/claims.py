@@ -183,7 +183,7 @@ def parse_claim(obj: Any, expected: ClaimRef | None = None) -> Claim:
     if expected is not None and ref.uid != expected.uid:
         raise ClaimReplacedError(
             str(expected),
-            f"the API server has a different claim under this name (uid {ref.uid}); "
+            f"the API server has a different claim under this name (uid {_shown(ref.uid)}); "
             "the claim was deleted and re-created, so the pod must be re-created too",
         )
     label = str(expected or ref)
@@ -269,6 +269,11 @@ def unwritable_path(value: Any, path: str) -> tuple[str, str] | None:
 
 
 _NOT_UNICODE = "holds a string that is not valid Unicode (a lone UTF-16 surrogate such as \\ud800)"
+
+
+def _shown(text: str) -> str:
+    """``text`` as is when it is printable, else escaped: one line, whatever the server sent."""
+    return text if text.isprintable() else ascii(text)
 
 
 def _encodes(text: str) -> bool:

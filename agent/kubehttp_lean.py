@@ -199,6 +199,8 @@ def _parse(path: Path, source: str) -> Mapping[str, Any]:
         raise CredentialsError(source, f"not valid YAML at line {line}: {err.problem}") from err
     except yaml.YAMLError as err:
         raise CredentialsError(source, f"not valid YAML: {type(err).__name__}") from err
+    except RecursionError as err:  # PyYAML's composer recurses once per nesting level
+        raise CredentialsError(source, "not a kubeconfig: nested too deep to read") from err
     if doc is None:
         doc = {}  # an empty file is an empty Config, as for client-go
     if not isinstance(doc, Mapping):

@@ -115,6 +115,7 @@ def test_exec_and_auth_provider_ask_for_the_official_loader(tmp_path: Path) -> N
         ("current-context: c\ncontexts: [{name: c, context: {cluster: k}}]\n",
          "context 'c' names no user"),
         ("{unclosed", "not valid YAML at line 1"),
+        ("{" * 5000, "nested too deep"),  # PyYAML recursed into a RecursionError
     ],
 )
 def test_broken_kubeconfigs_name_the_file_and_the_fault(

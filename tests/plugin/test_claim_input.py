@@ -152,3 +152,12 @@ def test_short_uid_round_trip_leaves_nothing(node: Node) -> None:
     assert answer.ok and answer.devices[0].cdi_device_ids == (f"k8s.{DRIVER}/claim=u1-gpu-0",)
     assert node.kubelet.unprepare(DRIVER, [kref("u1")])["u1"].ok
     assert not list(node.cdi_dir.glob("*.json"))
+
+
+def test_a_replaced_claims_uid_from_the_server_is_shown_on_one_line() -> None:
+    # The UID comes from the API server's answer; whatever it holds, the kubelet's event and
+    # our log line stay one line.
+    claim = {"metadata": {"namespace": "a", "name": "b", "uid": "x\ny"}}
+    with pytest.raises(ClaimError) as caught:
+        parse_claim(claim, ClaimRef("a", "b", "u"))
+    assert "\n" not in str(caught.value) and "'x\\ny'" in str(caught.value)
