@@ -70,7 +70,10 @@ class ConfigDecodeError(ValueError):
     """The opaque parameters are not a DeviceConfig we can use."""
 
     def __init__(self, field_path: str, message: str) -> None:
-        super().__init__(f"opaque config field {field_path}: {message}")
+        # The path holds the claim's own keys: escaped when not printable, so the kubelet's
+        # event and our log line stay one line.
+        shown = field_path if field_path.isprintable() else ascii(field_path)
+        super().__init__(f"opaque config field {shown}: {message}")
         self.field_path = field_path
 
 

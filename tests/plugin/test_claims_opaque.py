@@ -82,3 +82,13 @@ def test_bad_config_names_the_field(params: Any, field: str) -> None:
     with pytest.raises(ConfigDecodeError) as info:
         decode_config(params)
     assert info.value.field_path == field
+
+
+@pytest.mark.parametrize("params", [
+    {"apiVersion": "dra-agent.io/v1alpha1", "kind": "DeviceConfig", "a\nb": 1},
+    {"apiVersion": "dra-agent.io/v1alpha1", "kind": "DeviceConfig", "netdev": {"\n": 1}},
+])
+def test_a_hostile_unknown_key_is_named_on_one_line(params: dict[str, Any]) -> None:
+    with pytest.raises(ConfigDecodeError) as caught:
+        merge_configs([params])
+    assert "\n" not in str(caught.value) and "unknown field" in str(caught.value)
