@@ -25,7 +25,7 @@ from agent.failpoints import Failpoints
 from agent.metrics import Metrics
 from agent.plugin.framework import APIClaimSource, ClaimSource, PluginFramework
 from agent.plugin.limits import MAX_STREAMS, StreamSlots, max_concurrent_rpcs, server_options
-from agent.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServer
+from agent.plugin.registration import DRA_SERVICES, HEALTH_SERVICES, RegistrationServer
 from agent.plugin.server import add_dra_services
 from agent.plugin.sockets import (
     AlreadyRunningError,
@@ -108,7 +108,7 @@ class PluginServer:
             failpoints=failpoints,
         )
         self._health = health_servicer
-        versions = (*DRA_SERVICES, HEALTH_SERVICE) if health_servicer is not None else DRA_SERVICES
+        versions = DRA_SERVICES if health_servicer is None else (*DRA_SERVICES, *HEALTH_SERVICES)
         self.registration = RegistrationServer(
             self.paths.registration, options.driver_name, self.paths.dra, versions,
             timeout_s=options.registration_timeout_s,
@@ -158,9 +158,10 @@ class PluginServer:
         )
         add_dra_services(server, self.framework, self.metrics)
         if self._health is not None:
-            from protos.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+            from agent.health.stream import add_health_services
 
-            health_grpc.add_DRAResourceHealthServicer_to_server(self._health, server)
+            # Both versions, under the same StreamSlots interceptor as everything else.
+            add_health_services(self._health, server)
         bind_unix(server, self.paths.dra)
         server.start()
         self._dra = server
