@@ -107,7 +107,8 @@ class PluginServer:
             serialize_lock=self.paths.serialize_lock if options.rolling_update else None,
             failpoints=failpoints,
         )
-        self._health = health_servicer
+        #: Served on the DRA socket in every version of agent.health.HEALTH_SERVICES.
+        self.health_servicer = health_servicer
         versions = DRA_SERVICES if health_servicer is None else (*DRA_SERVICES, *HEALTH_SERVICES)
         self.registration = RegistrationServer(
             self.paths.registration, options.driver_name, self.paths.dra, versions,
@@ -157,11 +158,11 @@ class PluginServer:
             maximum_concurrent_rpcs=max_concurrent_rpcs(self.options.max_workers),
         )
         add_dra_services(server, self.framework, self.metrics)
-        if self._health is not None:
+        if self.health_servicer is not None:
             from agent.health.stream import add_health_services
 
             # Both versions, under the same StreamSlots interceptor as everything else.
-            add_health_services(self._health, server)
+            add_health_services(self.health_servicer, server)
         bind_unix(server, self.paths.dra)
         server.start()
         self._dra = server
