@@ -60,6 +60,17 @@ class Metrics:
             "dra_agent_cdi_spec_corrupt",
             "CDI spec files of ours found unreadable at start-up and set aside.", registry=r,
         )
+        self.specs_rebuilt = Counter(
+            "dra_agent_cdi_specs_rebuilt",
+            "CDI specs of prepared claims rewritten at start-up (reboot or lost file).",
+            registry=r,
+        )
+        self.spec_rebuild_errors = Counter(
+            "dra_agent_cdi_spec_rebuild_errors",
+            "Prepared claims whose CDI spec could not be rebuilt at start-up, by reason "
+            "(unknown_device: a device of the claim is gone).",
+            ["reason"], registry=r,
+        )
         # discovery and health
         self.devices = Gauge(
             "dra_agent_devices", "Discovered devices by type and health.",

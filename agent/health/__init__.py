@@ -22,13 +22,14 @@ from agent.health.options import (
     parse_effects,
     parse_xids,
 )
-from agent.health.stream import HealthServicer
+from agent.health.stream import HEALTH_SERVICES, HealthServicer, add_health_services
 from agent.health.taints import apply_taints, taint_key
 from agent.health.xids import DEFAULT_IGNORED_XIDS, describe_xid
 
 __all__ = [
     "DEFAULT_EFFECTS",
     "DEFAULT_IGNORED_XIDS",
+    "HEALTH_SERVICES",
     "ChangeFeed",
     "Condition",
     "DeviceHealth",
@@ -38,6 +39,7 @@ __all__ = [
     "HealthServicer",
     "HealthState",
     "Kind",
+    "add_health_services",
     "apply_taints",
     "describe_xid",
     "parse_effects",

@@ -25,7 +25,7 @@ from agent.failpoints import Failpoints
 from agent.metrics import Metrics
 from agent.plugin.framework import APIClaimSource, ClaimSource, PluginFramework
 from agent.plugin.limits import MAX_STREAMS, StreamSlots, max_concurrent_rpcs, server_options
-from agent.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServer
+from agent.plugin.registration import DRA_SERVICES, HEALTH_SERVICES, RegistrationServer
 from agent.plugin.server import add_dra_services
 from agent.plugin.sockets import (
     AlreadyRunningError,
@@ -107,8 +107,9 @@ class PluginServer:
             serialize_lock=self.paths.serialize_lock if options.rolling_update else None,
             failpoints=failpoints,
         )
-        self._health = health_servicer
-        versions = (*DRA_SERVICES, HEALTH_SERVICE) if health_servicer is not None else DRA_SERVICES
+        #: Served on the DRA socket in every version of agent.health.HEALTH_SERVICES.
+        self.health_servicer = health_servicer
+        versions = DRA_SERVICES if health_servicer is None else (*DRA_SERVICES, *HEALTH_SERVICES)
         self.registration = RegistrationServer(
             self.paths.registration, options.driver_name, self.paths.dra, versions,
             timeout_s=options.registration_timeout_s,
@@ -157,10 +158,11 @@ class PluginServer:
             maximum_concurrent_rpcs=max_concurrent_rpcs(self.options.max_workers),
         )
         add_dra_services(server, self.framework, self.metrics)
-        if self._health is not None:
-            from protos.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+        if self.health_servicer is not None:
+            from agent.health.stream import add_health_services
 
-            health_grpc.add_DRAResourceHealthServicer_to_server(self._health, server)
+            # Both versions, under the same StreamSlots interceptor as everything else.
+            add_health_services(self.health_servicer, server)
         bind_unix(server, self.paths.dra)
         server.start()
         self._dra = server

@@ -25,7 +25,10 @@ from protos.pluginregistration import api_pb2_grpc as reg_grpc
 log = logging.getLogger(__name__)
 PLUGIN_TYPE = "DRAPlugin"
 DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+#: Newest first. The 1.37 kubelet picks the first of its own list (v1, then v1alpha1) that we
+#: advertise; 1.35 ignores the entries and always calls v1alpha1. Must name exactly the
+#: services ``agent.health.add_health_services`` serves (tests/plugin checks).
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 
 
 @dataclass(frozen=True, slots=True)

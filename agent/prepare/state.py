@@ -86,10 +86,19 @@ class RecoveryReport:
     rolled_back: tuple[str, ...] = ()
     orphans_removed: tuple[str, ...] = ()
     adopted: tuple[str, ...] = ()
+    #: Completed claims whose stale or lost spec was written again from the checkpoint.
+    rebuilt: tuple[str, ...] = ()
+    #: Claims whose spec could not be rebuilt (a device gone, ...): claim UID -> reason.
+    not_rebuilt: tuple[tuple[str, str], ...] = ()
 
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _put(record: ClaimRecord) -> Callable[[dict[str, ClaimRecord]], None]:
+    """A checkpoint change that stores ``record`` (bound now, not when the loop moves on)."""
+    return lambda claims: claims.__setitem__(record.uid, record)
 
 
 def env_key(device_name: str) -> str:
@@ -163,10 +172,13 @@ class DevicePreparer:
             claims.update(adopted)
 
         self.checkpoint.update(change)
+        rebuilt, not_rebuilt = self._rebuild_specs()
         report = RecoveryReport(
             rolled_back=tuple(rolled_back),
             orphans_removed=() if corrupt else tuple(orphans),
             adopted=tuple(adopted),
+            rebuilt=rebuilt,
+            not_rebuilt=not_rebuilt,
         )
         if rolled_back or orphans:
             log.warning(
@@ -179,6 +191,61 @@ class DevicePreparer:
             )
         self._update_gauges()
         return report
+
+    def _rebuild_specs(self) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+        """Rewrite the spec of every completed claim whose spec is lost or from another boot.
+
+        Containers of running pods restart after a reboot without the kubelet preparing their
+        claims first, so a spec that only comes back on the next prepare is a failed container
+        start. The spec is built from the record's allocation and the *current* inventory (a
+        device node's minor can change across a reboot). A claim that cannot be rebuilt is
+        reported once here and left stale: start-up goes on, and the kubelet's next prepare
+        gets the same reason as a per-claim error.
+        """
+        rebuilt: list[str] = []
+        failed: list[tuple[str, str]] = []
+        inventory: dict[str, Device] | None = None
+        for uid, record in sorted(self.checkpoint.claims().items()):
+            if not record.completed or record.recovered or not self._spec_stale(record):
+                continue
+            ref = ClaimRef(namespace=record.namespace, name=record.name, uid=uid)
+            claim = self.recorded_claim(ref, record)
+            if claim is None:
+                failed.append((uid, "no_allocation"))
+                self.metrics.spec_rebuild_errors.labels("no_allocation").inc()
+                log.warning(
+                    "cannot rebuild CDI spec at start-up: the record keeps no allocation "
+                    "(written by an older version); the next prepare rewrites it",
+                    extra={"claim": uid},
+                )
+                continue
+            if inventory is None:
+                try:
+                    inventory = self.inventory().by_name()
+                except Exception as err:  # discovery failing must not keep the plugin down
+                    log.error("cannot rebuild CDI specs at start-up: no inventory",
+                              extra={"claim": uid, "error": str(err)})
+                    self.metrics.spec_rebuild_errors.labels("inventory").inc()
+                    return tuple(rebuilt), ((uid, "inventory"),)
+            try:
+                devices = [self._spec_device(claim, r, inventory)
+                           for r in claim.results_for(self.driver)]
+                self._write_spec(ref, devices)
+                fresh = replace(record, boot_id=self.boot_id, updated=_now())
+                self._checkpoint(ref, _put(fresh))
+            except ClaimError as err:
+                failed.append((uid, err.reason))
+                self.metrics.spec_rebuild_errors.labels(err.reason).inc()
+                log.error(
+                    "cannot rebuild CDI spec at start-up",
+                    extra={"claim": uid, "reason": err.reason, "error": str(err)},
+                )
+                continue
+            rebuilt.append(uid)
+            self.metrics.specs_rebuilt.inc()
+            log.info("rebuilt CDI spec of a prepared claim at start-up",
+                     extra={"claim": uid, "devices": len(devices)})
+        return tuple(rebuilt), tuple(failed)
 
     # -- prepare --------------------------------------------------------------------------
 

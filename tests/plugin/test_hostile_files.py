@@ -467,9 +467,11 @@ def test_agent_starts_past_hostile_specs_and_rewrites_a_prepared_claims_spec(
     plant_spec(kind, node.cdi_dir / f"k8s.{DRIVER}-claim_{orphan}.json", orphan)
     before = node.metrics.cdi_spec_corrupt._value.get()
     in_thread(node.restart)
-    assert sorted(p.name for p in node.cdi_dir.iterdir() if p.name.endswith(".json")) == []
+    # Both set aside; the record is intact, so start-up rebuilt the claim's spec (#15 item 4).
+    assert sorted(p.name for p in node.cdi_dir.iterdir() if p.name.endswith(".json")) == [
+        spec.name]
     assert node.metrics.cdi_spec_corrupt._value.get() - before == 2  # both set aside, counted
-    answer = node.prepare(claim)[uid]  # the record is intact; the lost spec is rewritten
+    answer = node.prepare(claim)[uid]
     assert answer.ok
     assert json.loads(spec.read_bytes())["devices"][0]["name"] == f"{uid}-gpu-0"
     assert stat.S_IMODE(spec.stat().st_mode) == 0o600

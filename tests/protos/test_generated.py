@@ -15,6 +15,7 @@ PROTO_FILES = (
     "protos/pluginregistration/api.proto",
     "protos/dra/v1/api.proto",
     "protos/dra/v1beta1/api.proto",
+    "protos/drahealth/v1/api.proto",
     "protos/drahealth/v1alpha1/api.proto",
 )
 
@@ -68,13 +69,13 @@ def test_every_generated_directory_is_a_package() -> None:
 
 
 def test_all_modules_import_together_in_a_fresh_process() -> None:
-    # Four files are named api.proto; they must register under distinct descriptor-pool
+    # Five files are named api.proto; they must register under distinct descriptor-pool
     # names or the second import fails. A fresh interpreter sees the real import order.
     code = (
         "import importlib\n"
         "names = []\n"
         "for m in ('protos.pluginregistration', 'protos.dra.v1', 'protos.dra.v1beta1',\n"
-        "          'protos.drahealth.v1alpha1'):\n"
+        "          'protos.drahealth.v1', 'protos.drahealth.v1alpha1'):\n"
         "    pb = importlib.import_module(m + '.api_pb2')\n"
         "    importlib.import_module(m + '.api_pb2_grpc')\n"
         "    names.append(pb.DESCRIPTOR.name)\n"

@@ -16,7 +16,7 @@ import pytest
 
 from agent.config import Config
 from agent.daemon import Daemon, RunOptions
-from agent.health import HealthOptions
+from agent.health import HEALTH_SERVICES, HealthOptions
 from discovery.simulate import FakeNvml
 from tests.e2e.harness import DRIVER, GPU_CLASS, NodeDirs, expected_cdi_id
 from tests.realk8s.agent import allocate, make_claim, revisions, wait_settled
@@ -106,6 +106,11 @@ def test_an_xid_turns_the_pods_device_unhealthy_in_the_kubelet(
     # The stream's first report (every device healthy) reaches the kubelet.
     wait_for(lambda: statuses(kubelet.health(pod)[0]) == {resource: "Healthy"}, timeout=20,
              what="the kubelet knowing the device healthy")
+    # Both versions are advertised: 1.37 picks v1 (pickHealthService), 1.35 knows only v1alpha1.
+    chosen = "v1.DRAResourceHealth" if minor == "1.37" else "v1alpha1.DRAResourceHealth"
+    servicer = daemon.plugin.health_servicer
+    assert daemon.plugin.registration.versions[-2:] == HEALTH_SERVICES
+    assert servicer.streams_by_service() == {s: int(s == chosen) for s in HEALTH_SERVICES}
     (named_result,) = named["status"]["allocation"]["devices"]["results"]
     named_resource = expected_cdi_id(named["metadata"]["uid"], named_result["device"])
     # 1.35's kubelet looks a container's claims up in status.resourceClaimStatuses only, which

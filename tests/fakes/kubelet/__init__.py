@@ -17,7 +17,7 @@ README.md lists what the real kubelet does and which parts the stand-in plays.
 """
 
 from tests.fakes.kubelet.pods import ClaimGetter, PodClaims, PodError
-from tests.fakes.kubelet.registry import PluginWatcher
+from tests.fakes.kubelet.registry import HEALTH_SERVICES_135, HEALTH_SERVICES_137, PluginWatcher
 from tests.fakes.kubelet.standin import CALL_TIMEOUT, SERVICES, HealthStream, KubeletStandIn
 from tests.fakes.kubelet.types import (
     ClaimRef,
@@ -34,6 +34,8 @@ from tests.fakes.kubelet.types import (
 
 __all__ = [
     "CALL_TIMEOUT",
+    "HEALTH_SERVICES_135",
+    "HEALTH_SERVICES_137",
     "SERVICES",
     "ClaimGetter",
     "ClaimRef",

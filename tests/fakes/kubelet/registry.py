@@ -41,6 +41,10 @@ DIAL_TIMEOUT = 10.0  # kubelet: blocking dial of the registration socket
 RETRY_INITIAL = 0.5  # kubelet exponential back-off: first wait, doubled per failure
 RETRY_MAX = 122.0  # ... capped at 2m2s
 UNIX_PATH_MAX = 108  # sun_path, including the terminating NUL
+# healthServicesSupportedByKubelet, newest first. 1.35 has no such list: it always calls
+# v1alpha1 (HEALTH_SERVICES_135 makes the stand-in do the same).
+HEALTH_SERVICES_137 = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+HEALTH_SERVICES_135 = ("v1alpha1.DRAResourceHealth",)
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -95,12 +99,14 @@ class PluginWatcher:
         registry_dir: Path,
         *,
         known_services: Sequence[str] = ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
+        known_health_services: Sequence[str] = HEALTH_SERVICES_137,
         poll_interval: float = 0.05,
         retry_initial: float = RETRY_INITIAL,
         dial_timeout: float = DIAL_TIMEOUT,
     ) -> None:
         self.registry_dir = Path(registry_dir)
         self.known_services = tuple(known_services)
+        self.known_health_services = tuple(known_health_services)
         self.poll_interval = poll_interval
         self.retry_initial = retry_initial
         self.dial_timeout = dial_timeout
@@ -406,7 +412,10 @@ class PluginWatcher:
                 f"this kubelet supports {list(self.known_services)}",
                 retry=True,
             )
-        return Registration(name, endpoint, service, path, versions)
+        # 1.37 (pickHealthService): the kubelet's order decides, not the plugin's; the health
+        # service is optional, so no match is no stream rather than a refusal.
+        health = next((h for h in self.known_health_services if h in versions), "")
+        return Registration(name, endpoint, service, path, versions, health)
 
     def _notify(self, stub: Any, ok: bool, error: str) -> None:
         try:

@@ -16,9 +16,16 @@ from protos.dra.v1 import api_pb2 as v1
 from protos.dra.v1 import api_pb2_grpc as v1_grpc
 from protos.dra.v1beta1 import api_pb2 as v1beta1
 from protos.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from protos.drahealth.v1 import api_pb2 as health_v1
+from protos.drahealth.v1 import api_pb2_grpc as health_v1_grpc
 from protos.drahealth.v1alpha1 import api_pb2 as health
 from protos.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
-from tests.fakes.kubelet.registry import DIAL_TIMEOUT, RETRY_INITIAL, PluginWatcher
+from tests.fakes.kubelet.registry import (
+    DIAL_TIMEOUT,
+    HEALTH_SERVICES_137,
+    RETRY_INITIAL,
+    PluginWatcher,
+)
 from tests.fakes.kubelet.types import (
     ClaimRef,
     DriverNotRegisteredError,
@@ -39,6 +46,14 @@ SERVICES: Mapping[str, tuple[ModuleType, Any]] = {
     "v1.DRAPlugin": (v1, v1_grpc.DRAPluginStub),
     "v1beta1.DRAPlugin": (v1beta1, v1beta1_grpc.DRAPluginStub),
 }
+# The health services the stand-in can open -> (message module, stub class)
+HEALTH: Mapping[str, tuple[ModuleType, Any]] = {
+    "v1.DRAResourceHealth": (health_v1, health_v1_grpc.DRAResourceHealthStub),
+    "v1alpha1.DRAResourceHealth": (health, health_grpc.DRAResourceHealthStub),
+}
+#: What a plugin that lists no health service gets: 1.35 opens v1alpha1 whatever the plugin
+#: lists (1.37 would open nothing; tests of that read ``Registration.health_service``).
+UNADVERTISED_HEALTH = "v1alpha1.DRAResourceHealth"
 
 _CDI_ID = re.compile(
     r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?"  # vendor
@@ -68,6 +83,7 @@ class KubeletStandIn(PluginWatcher):
         registry_dir: Path,
         *,
         known_services: Sequence[str] = ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
+        known_health_services: Sequence[str] = HEALTH_SERVICES_137,
         api_client: Any | None = None,
         node_name: str | None = None,
         poll_interval: float = 0.05,
@@ -78,9 +94,13 @@ class KubeletStandIn(PluginWatcher):
         unknown = [s for s in known_services if s not in SERVICES]
         if unknown:
             raise ValueError(f"the stand-in cannot speak {unknown}; it knows {list(SERVICES)}")
+        unknown = [s for s in known_health_services if s not in HEALTH]
+        if unknown:
+            raise ValueError(f"the stand-in cannot open {unknown}; it knows {list(HEALTH)}")
         super().__init__(
             registry_dir,
             known_services=known_services,
+            known_health_services=known_health_services,
             poll_interval=poll_interval,
             retry_initial=retry_initial,
             dial_timeout=dial_timeout,
@@ -130,16 +150,17 @@ class KubeletStandIn(PluginWatcher):
     # --- health ---------------------------------------------------------------------------
 
     def health_stream(self, driver: str, timeout: float | None = None) -> HealthStream:
-        """Open NodeWatchResources (v1alpha1) on the driver's endpoint.
+        """Open NodeWatchResources on the driver's endpoint, in the version chosen at
+        registration (``Registration.health_service``; see ``UNADVERTISED_HEALTH``).
 
         The result is the grpc call itself: iterate it for responses; ``cancel()`` closes the
         stream as the kubelet does when the plugin deregisters. Errors surface as
         ``grpc.RpcError`` while iterating (the kubelet reopens the stream after 5 s).
         """
-        _, channel = self._connection(driver)
-        stub = health_grpc.DRAResourceHealthStub(channel)
-        stream: HealthStream = stub.NodeWatchResources(
-            health.NodeWatchResourcesRequest(), timeout=timeout
+        registration, channel = self._connection(driver)
+        api, stub_class = HEALTH[registration.health_service or UNADVERTISED_HEALTH]
+        stream: HealthStream = stub_class(channel).NodeWatchResources(
+            api.NodeWatchResourcesRequest(), timeout=timeout
         )
         return stream
 

@@ -49,6 +49,8 @@ class Registration:
     service: str  # the chosen entry of supported_versions, e.g. "v1.DRAPlugin"
     socket_path: Path
     supported_versions: tuple[str, ...] = ()
+    #: The DRAResourceHealth service the kubelet will open, "" if the plugin lists none.
+    health_service: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,1 @@
+"""Generated protocol modules; see protos/__init__.py."""
