@@ -200,6 +200,9 @@ def _decode_env(env: Any) -> dict[str, str]:
         if "\0" in value or len(value) > _MAX_ENV_VALUE:
             raise ConfigDecodeError(
                 f"env.{name}", f"value must be at most {_MAX_ENV_VALUE} characters, without NUL")
+        if not value.isascii() and not _encodes(value):
+            # Parsing a claim refuses these first; a config decoded on its own must too.
+            raise ConfigDecodeError(f"env.{name}", "value is not valid Unicode (a lone surrogate)")
         out[name] = value
     return out
 
@@ -247,3 +250,11 @@ def merge_configs(params: Iterable[Any], class_params: Iterable[Any] = ()) -> De
             if why is not None:
                 raise ConfigDecodeError(f"env.{name}", why)
     return result
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

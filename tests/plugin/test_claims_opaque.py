@@ -92,3 +92,10 @@ def test_a_hostile_unknown_key_is_named_on_one_line(params: dict[str, Any]) -> N
     with pytest.raises(ConfigDecodeError) as caught:
         merge_configs([params])
     assert "\n" not in str(caught.value) and "unknown field" in str(caught.value)
+
+
+def test_an_env_value_that_is_not_valid_unicode_is_refused_on_its_own() -> None:
+    params = {"apiVersion": "dra-agent.io/v1alpha1", "kind": "DeviceConfig",
+              "env": {"A": "x\ud800"}}
+    with pytest.raises(ConfigDecodeError, match=r"env\.A: value is not valid Unicode"):
+        merge_configs([params])
