@@ -15,7 +15,7 @@ from agent.config import common_options, pop_config
 from agent.explain.features import DEFAULTS, MODELLED_KUBERNETES
 
 if TYPE_CHECKING:
-    from agent.explain.docs import Doc
+    from agent.explain import docs
 
 #: Package data of ``agent``: the DeviceClasses used when no --class is given.
 PACKAGED_CLASSES = "deviceclasses.yaml"
@@ -134,7 +134,7 @@ def _run(cfg: Any, *, claim_file: str, class_files: tuple[str, ...], slices_from
     raise SystemExit(0 if result.fits else 1)
 
 
-def packaged_classes() -> list[Doc]:
+def packaged_classes() -> list[docs.Doc]:
     """The DeviceClasses the agent ships (a copy of deploy/base/deviceclasses.yaml), so that
     an install without the repository explains claims against our classes out of the box."""
     from importlib.resources import files
