@@ -59,34 +59,92 @@ def default_node_name() -> str:
 
 def _parse_device_types(value: Any) -> tuple[str, ...]:
     items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-    types = tuple(t.strip() for t in items if str(t).strip())
+    types = tuple(str(t).strip() for t in items if str(t).strip())
     unknown = sorted(set(types) - set(ALL_DEVICE_TYPES))
-    if unknown:
-        raise ConfigError(
+    if unknown:  # _convert says whose value it was
+        raise ValueError(
             f"unknown device type(s) {', '.join(unknown)}; known: {', '.join(ALL_DEVICE_TYPES)}"
         )
     return types
 
 
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {_kind(value)}")
+    return value
+
+
+def _path(value: Any) -> Path:
+    text = _text(value)
+    if not text or "\0" in text:
+        raise ValueError("expected a path")
+    return Path(text)
+
+
+def _verbosity(value: Any) -> int:
+    # bool is an int to Python; "verbosity: yes" is not a level.
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a whole number >= 0, got {_kind(value)}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return repr(value)[:40]
+    return f"a {type(value).__name__}"
+
+
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
-    "kubelet_dir": Path,
-    "cdi_dir": Path,
-    "sysfs_root": Path,
-    "config_file": Path,
-    "verbosity": int,
+    "driver_name": _text,
+    "node_name": _text,
+    "kubeconfig": _text,
+    "kubelet_dir": _path,
+    "cdi_dir": _path,
+    "sysfs_root": _path,
+    "simulate": _text,
+    "metrics_address": _text,
+    "log_format": _text,
+    "config_file": _path,
+    "verbosity": _verbosity,
     "device_types": _parse_device_types,
 }
+
+#: A config file is a few lines; anything bigger is the wrong file (a log, a disk image).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _convert(key: str, value: Any, where: str) -> Any:
+    try:
+        return _CONVERTERS.get(key, lambda v: v)(value)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}{key.replace('_', '-')}: {err}") from err
 
 
 def _load_file(path: Path, extra_keys: frozenset[str] = frozenset()) -> dict[str, Any]:
     import yaml  # only when a file is given
 
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        if path.exists() and not path.is_file():  # a FIFO would block the read forever
+            raise ConfigError(f"config file {path}: not a regular file")
+        with path.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as err:
-        raise ConfigError(f"config file {path}: {err.strerror}") from err
+        raise ConfigError(f"config file {path}: {err.strerror or err}") from err
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path}: larger than {MAX_CONFIG_BYTES >> 20} MiB; "
+                          "is it the right file?")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path}: not UTF-8 text (byte 0x{raw[err.start]:02x} "
+                          f"at offset {err.start}); give a YAML file") from err
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path}: not valid YAML: {err}") from err
+        raise ConfigError(f"config file {path}: not valid YAML: "
+                          f"{' '.join(str(err).split())}") from err
+    except RecursionError as err:
+        raise ConfigError(f"config file {path}: nested too deeply to be a config") from err
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: top level must be a mapping")
     known = {f.name for f in fields(Config)} | extra_keys
@@ -107,14 +165,16 @@ def _merge(values: dict[str, Any], extra_keys: frozenset[str]) -> tuple[Config, 
     """The Config, plus the file's values for ``extra_keys`` (a command's own options)."""
     given = {k: v for k, v in values.items() if v is not None and v != ()}
     file_path = given.get("config_file")
-    merged: dict[str, Any] = {}
+    converted: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     if file_path:
         from_file = _load_file(Path(file_path), extra_keys)
         extra = {k: v for k, v in from_file.items() if k in extra_keys}
-        merged.update({k: v for k, v in from_file.items() if k not in extra_keys})
-    merged.update(given)
-    converted = {k: _CONVERTERS.get(k, lambda v: v)(v) for k, v in merged.items()}
+        # Every value the file sets is checked, also those a flag overrides: a wrong file is
+        # found now, not when the flag is dropped. "key:" (null) leaves the default.
+        converted.update({k: _convert(k, v, f"config file {file_path}: ")
+                          for k, v in from_file.items() if k not in extra_keys and v is not None})
+    converted.update({k: _convert(k, v, "") for k, v in given.items()})
     cfg = replace(Config(), **converted)
     if not cfg.node_name:
         cfg = replace(cfg, node_name=default_node_name())

@@ -114,6 +114,9 @@ class Daemon:
         self._inventory = Inventory(devices=())
         self._threads: dict[str, threading.Thread] = {}
         self._cleanups: list[Callable[[], None]] = []
+        # Whether "agent ready" / "waiting for slices" were logged (start, then the run loop).
+        self._said_ready = False
+        self._said_waiting = False
         self.controller: Any = None
         self.plugin: Any = None
         self.http: Any = None
@@ -198,6 +201,8 @@ class Daemon:
         from discovery.scan import DiscoveryOptions, discover
 
         cfg = self.cfg
+        # The kubeconfig first: a wrong one is one line and exit 1 before any monitor starts.
+        api_client = self._api_client()
         self.notifier.status("discovering devices")
         sources = self.sources = self._sources()
         discovery_options = DiscoveryOptions(
@@ -216,7 +221,6 @@ class Daemon:
             self._inventory = inventory
 
         self.health = self._start_health(sources)
-        api_client = self._api_client()
         self.controller = slices.start(
             api_client, cfg.driver_name, slices.Owner(kind="Node", name=cfg.node_name), None,
             metrics=self.metrics, resync_period_s=self.options.resync_period_s,
@@ -233,8 +237,23 @@ class Daemon:
             f"serving {len(inventory.devices)} devices; "
             f"slices {'published' if self.controller.active else 'not published (no API)'}"
         )
-        log.info("agent ready", extra={"node": cfg.node_name, "driver": cfg.driver_name,
-                                       "devices": len(inventory.devices)})
+        self._log_ready()
+
+    def _log_ready(self) -> None:
+        """"agent ready" once /readyz would say so (slices in sync); until then, one line
+        saying what it waits for. Called again from the run loop until it has been said."""
+        if self._said_ready:
+            return
+        ok, why = self._check_slices()
+        if not ok:
+            if not self._said_waiting:
+                log.info("agent serving the kubelet; not ready until ResourceSlices are in sync",
+                         extra={"node": self.cfg.node_name, "waiting_for": why})
+                self._said_waiting = True
+            return
+        self._said_ready = True
+        log.info("agent ready", extra={"node": self.cfg.node_name, "driver": self.cfg.driver_name,
+                                       "devices": len(self.inventory.devices)})
 
     def _start_health(self, sources: Any) -> Any:
         from agent.health import HealthMonitor
@@ -384,6 +403,7 @@ class Daemon:
         down; 1 when a vital thread died, else 0."""
         try:
             while not self.stop_event.wait(0.5):
+                self._log_ready()
                 ok, why = self._check_threads()
                 if not ok:
                     self._fatal = why

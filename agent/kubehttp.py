@@ -69,6 +69,8 @@ class KubeAPIError(Exception):
         *,
         causes: Sequence[Cause] = (),
         details: Mapping[str, Any] | None = None,
+        server: str = "",
+        unreachable: str = "",
     ) -> None:
         where = f"{verb} {path}"
         text = f"{where}: {status} {reason}: {message}" if status else f"{where}: {message}"
@@ -81,6 +83,10 @@ class KubeAPIError(Exception):
         self.causes = tuple(causes)
         #: The Status ``details`` (name, kind, group): tells "no such object" from "no such API".
         self.details: Mapping[str, Any] = dict(details or {})
+        #: The API server asked, when known ("" otherwise).
+        self.server = server
+        #: For status 0: why there was no answer, in a few words ("connection refused").
+        self.unreachable = unreachable
 
     @property
     def transient(self) -> bool:
@@ -227,7 +233,8 @@ class KubeHTTP:
         try:
             data = raw.data
         except Exception as err:  # reset while reading: still no complete answer
-            raise _no_answer(method, path, err, "reading the answer: ") from err
+            raise _no_answer(method, path, err, "reading the answer: ",
+                              server=self.server) from err
         finally:
             _release(raw)
         headers = {k.lower(): v for k, v in dict(getattr(raw, "headers", {}) or {}).items()}
@@ -285,7 +292,7 @@ class KubeHTTP:
         except KubeAPIError:
             raise
         except Exception as err:  # urllib3/socket/ssl errors: no HTTP answer at all
-            raise _no_answer(method, path, err) from err
+            raise _no_answer(method, path, err, server=self.server) from err
 
 
 class LineStream:
@@ -347,8 +354,53 @@ def _release(raw: Any) -> None:
         raw.release_conn()
 
 
-def _no_answer(method: str, path: str, err: BaseException, prefix: str = "") -> KubeAPIError:
-    return KubeAPIError(method, path, 0, type(err).__name__, prefix + (str(err) or repr(err)))
+def _no_answer(method: str, path: str, err: BaseException, prefix: str = "",
+               server: str = "") -> KubeAPIError:
+    return KubeAPIError(method, path, 0, type(err).__name__, prefix + (str(err) or repr(err)),
+                        server=server, unreachable=unreachable_reason(err))
+
+
+#: urllib3 exception names (not imported here: urllib3 stays out of this module's import).
+_URLLIB3_REASONS = {"ConnectTimeoutError": "connection timed out",
+                    "ReadTimeoutError": "no answer in time", "NameResolutionError":
+                    "host name not resolved", "ProxyError": "proxy refused the connection"}
+
+
+def unreachable_reason(err: BaseException) -> str:
+    """Why a request got no HTTP answer, in a few words, from the innermost known cause.
+
+    urllib3 nests the socket error two or three levels deep (MaxRetryError.reason, then the
+    cause); its own text repeats the pool, the URL and the retry count, one long line.
+    """
+    import ssl  # loaded by urllib3 already
+
+    seen: set[int] = set()
+    todo: list[BaseException] = [err]
+    found = ""
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(e, ConnectionResetError):
+            return "connection reset"
+        if isinstance(e, ssl.SSLCertVerificationError):
+            return f"TLS: {e.verify_message or 'certificate not trusted'}"
+        if isinstance(e, ssl.SSLError):
+            return f"TLS: {e.reason or e}"
+        if isinstance(e, socket.gaierror):
+            return "host name not resolved"
+        if isinstance(e, OSError) and e.errno is not None and e.strerror:
+            return e.strerror.lower()
+        found = found or _URLLIB3_REASONS.get(type(e).__name__, "")
+        if isinstance(e, TimeoutError):
+            found = found or "timed out"
+        for nxt in (getattr(e, "reason", None), e.__cause__, e.__context__):
+            if isinstance(nxt, BaseException):
+                todo.append(nxt)
+    return found or type(err).__name__
 
 
 def _timeout(timeout: Timeout) -> Any:

@@ -36,7 +36,7 @@ def _timestamp(record: logging.LogRecord) -> str:
 def _logfmt_value(value: Any) -> str:
     text = str(value)
     if text == "" or any(c in text for c in ' ="\\\n\t'):
-        return json.dumps(text)
+        return json.dumps(text, ensure_ascii=False)  # UTF-8 stays readable; controls escaped
     return text
 
 
@@ -77,3 +77,9 @@ def setup_logging(fmt: str = "logfmt", verbosity: int = 0, stream: TextIO | None
     root.handlers[:] = [handler]
     levels = {0: logging.WARNING, 1: logging.INFO}
     root.setLevel(levels.get(verbosity, logging.DEBUG))
+    # Python warnings (urllib3's InsecureRequestWarning, say) as one log line each, not a
+    # two-line text on stderr between the structured lines.
+    logging.captureWarnings(True)
+    # urllib3 warns "Retrying (Retry(...))" before each retry of its own, repeating what our
+    # one line per outage says (agent.slices); -vv (debug) shows it again.
+    logging.getLogger("urllib3").setLevel(logging.DEBUG if verbosity >= 2 else logging.ERROR)

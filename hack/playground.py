@@ -182,5 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     return flow(args.kubeconfig, args.kubelet_dir, args.cdi_dir)
 
 
+def interruptible(argv: list[str] | None = None) -> int:
+    """``main``, where Ctrl-C is one line (and 130, as a shell reports it), not a traceback;
+    the with-blocks of ``flow`` have closed the kubelet stand-in on the way out."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        print("playground: interrupted", file=sys.stderr)
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(interruptible())

@@ -7,20 +7,27 @@ Exit 0 fits, 1 does not fit, 2 bad input (one line, pointing at the file and lin
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from agent.config import common_options, pop_config
 from agent.explain.features import DEFAULTS, MODELLED_KUBERNETES
 
+if TYPE_CHECKING:
+    from agent.explain import docs
+
+#: Package data of ``agent``: the DeviceClasses used when no --class is given.
+PACKAGED_CLASSES = "deviceclasses.yaml"
+
 
 @click.command()
 @click.option("-f", "--filename", "claim_file", required=True, type=click.Path(dir_okay=False),
               help="ResourceClaim (or ResourceClaimTemplate) YAML/JSON; '-' for stdin.")
 @click.option("--class", "class_files", multiple=True, type=click.Path(dir_okay=False),
-              help="DeviceClass file(s); several classes per file are fine. "
-                   "With --slices from-cluster the cluster's classes are used by default.")
+              help="DeviceClass file(s); several classes per file are fine "
+                   "[default: the agent's own classes, as deploy/base installs them; the "
+                   "cluster's with --slices from-cluster].")
 @click.option("--slices", "slices_from", default="from-discovery", show_default=True,
               help="from-cluster, from-discovery (this node, or --simulate PROFILE) or a FILE.")
 @click.option("--allocated", "allocated_files", multiple=True,
@@ -114,6 +121,8 @@ def _run(cfg: Any, *, claim_file: str, class_files: tuple[str, ...], slices_from
         slices = list(slices_from_discovery(cfg))
     else:
         slices = list(load_file(slices_from))
+    if not class_files and slices_from != "from-cluster":
+        classes = list(packaged_classes())
     from agent.explain.api import explain
 
     result = explain(claims[0], classes, slices, cfg.node_name, allocated,
@@ -123,6 +132,17 @@ def _run(cfg: Any, *, claim_file: str, class_files: tuple[str, ...], slices_from
         to_yaml(result) if output == "yaml" else to_table(result))
     click.echo(text)
     raise SystemExit(0 if result.fits else 1)
+
+
+def packaged_classes() -> list[docs.Doc]:
+    """The DeviceClasses the agent ships (a copy of deploy/base/deviceclasses.yaml), so that
+    an install without the repository explains claims against our classes out of the box."""
+    from importlib.resources import files
+
+    from agent.explain.docs import load_text
+
+    return load_text(files("agent").joinpath(PACKAGED_CLASSES).read_text("utf-8"),
+                     f"<packaged {PACKAGED_CLASSES}>")
 
 
 def _with_hostname(labels: dict[str, str], node: str) -> dict[str, str]:

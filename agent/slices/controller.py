@@ -50,6 +50,13 @@ class Timing:
     stop_poll_s: float = 0.5  # how often a caller's stop_event is looked at
 
 
+def unreachable_line(err: ApiError, retry_max_s: float) -> str:
+    """The one line an outage gets: which server, why, and how often it is tried again."""
+    server = err.server or "(server unknown)"
+    reason = err.unreachable or err.reason or "no answer"
+    return f"API server {server} unreachable: {reason}; retrying every ≤ {retry_max_s:g} s"
+
+
 class Controller:
     """Publishes DriverResources as ResourceSlices. Build it with ``start()``."""
 
@@ -92,6 +99,7 @@ class Controller:
         self._bursts: dict[str, float] = {}  # pool -> first event of a burst being debounced
         self._recovered = False  # set by a watcher when the server answers again
         self._watch_errors: set[tuple[str, int]] = set()
+        self._watch_down: set[str] = set()  # scopes whose server did not answer (guarded)
         self._scopes = Scopes(driver, owner, self._start_watcher)
         self._scopes_dirty = False
         self._threads: list[threading.Thread] = []
@@ -206,10 +214,18 @@ class Controller:
 
     def watch_failed(self, scope: Scope, error: ApiError, retry_in_s: float) -> None:
         self._metrics.slice_errors.labels(reason="watch").inc()
-        log.warning("watching ResourceSlices failed", extra={
-            "selector": scope.field_selector, "error": str(error),
-            "retry_in_s": round(retry_in_s, 2),
-        })
+        fields = {"selector": scope.field_selector, "error": str(error),
+                  "retry_in_s": round(retry_in_s, 2)}
+        # An unreachable server is said once per outage (watch_recovered ends it), not on
+        # every retry of every watch.
+        with self._cond:
+            first = error.status != 0 or scope.field_selector not in self._watch_down
+            if error.status == 0:
+                self._watch_down.add(scope.field_selector)
+        if first:
+            log.warning("watching ResourceSlices failed", extra=fields)
+        else:
+            log.debug("watching ResourceSlices failed", extra=fields)
         # Outages are expected and retried quietly; a refusal (403 from RBAC or the node
         # authorizer, 400) needs an operator, so it goes to on_error, once per kind.
         key = (scope.field_selector, error.status)
@@ -220,6 +236,7 @@ class Controller:
     def watch_recovered(self, scope: Scope) -> None:
         log.info("watching ResourceSlices again", extra={"selector": scope.field_selector})
         with self._cond:
+            self._watch_down.discard(scope.field_selector)
             now = time.monotonic()
             # Pools waiting in back-off are retried now, from the shortest delay again.
             for pool, due in self._pending.items():
@@ -336,6 +353,7 @@ class Controller:
         assert self._client is not None
         backoff = self._backoff("discovery")
         reported = False
+        failing, server = "", "-"  # the warning logged for the current failure, if any
         while not self._stopping():
             try:
                 self._version = choose_version(self._client.served_versions())
@@ -347,9 +365,19 @@ class Controller:
                 delay = backoff.next()
             except ApiError as err:
                 delay = backoff.next()
-                log.warning("API discovery failed",
-                            extra={"error": str(err), "retry_in_s": round(delay, 2)})
+                # One line per change of state, not per retry: an outage at start-up would
+                # otherwise write a warning every few seconds for as long as it lasts.
+                state = unreachable_line(err, self._timing.backoff_max_s) if err.status == 0 \
+                    else f"API discovery failed: {err.status} {err.reason}"
+                if state != failing:
+                    log.warning(state, extra={"server": err.server or "-", "error": str(err)})
+                    failing, server = state, err.server or "-"
+                else:
+                    log.debug("API discovery failed",
+                              extra={"error": str(err), "retry_in_s": round(delay, 2)})
             else:
+                if failing:
+                    log.info("API server answers again", extra={"server": server})
                 log.info("publishing ResourceSlices",
                          extra={"api_version": self._version, "driver": self._driver})
                 self._publisher = Publisher(

@@ -87,6 +87,13 @@ def rss_by_mapping(smaps: str) -> list[tuple[str, float]]:
     return [(name, kib / 1024) for name, kib in ranked]
 
 
+def cel_engine_mapped(smaps: str) -> bool:
+    """Whether explain's CEL engine (the ``cel`` package's extension) is loaded: the engine is
+    a plain dependency so that explain works after ``pip install .``, and only explain may
+    import it, or every node pays for it in the idle figure above."""
+    return any(re.search(r"/cel/cel\.[^/]*\.so$", line.strip()) for line in smaps.splitlines())
+
+
 # Runs in a child: the agent's own command under tracemalloc, a snapshot once it is ready.
 _TRACE_CHILD = r"""
 import json, os, signal, sys, threading, time, tracemalloc, urllib.request
@@ -230,12 +237,15 @@ def run(quick: bool) -> list[Figure]:
     reg_ms = statistics.median(s[0] for s in samples)
     ready_ms = statistics.median(s[1] for s in samples)
     rss_mib = statistics.median(s[2] for s in samples) / 1024
+    cel_loaded = sum(cel_engine_mapped(s[3]) for s in samples)
     figures = [
         Figure("start to registration answered, median", reg_ms, "ms",
                f"<= {REGISTRATION_GOAL_MS:.0f} ms", reg_ms <= REGISTRATION_GOAL_MS),
         Figure("start to /readyz (slices published), median", ready_ms, "ms"),
         Figure("idle RSS, simulated dgx-h100, median", rss_mib, "MiB",
                f"<= {RSS_GOAL_MIB:.0f} MiB", rss_mib <= RSS_GOAL_MIB),
+        Figure("CEL engine (explain's) loaded by the idle agent", float(cel_loaded), "yes/no",
+               "0 (never)", cel_loaded == 0),
     ]
     if rss_mib > RSS_GOAL_MIB:
         figures += [Figure(f"  RSS of mapping {name}", mib, "MiB")
