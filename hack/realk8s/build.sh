@@ -90,7 +90,7 @@ build_one() {
 build_helm() {
     local print="$1" mod="$HERE/helm" out="$HERE/bin/helm"
     local version
-    version="$(awk '$1 == "helm.sh/helm/v4" && $2 ~ /^v/ {print $2; exit}' "$mod/go.mod")"
+    version="$(awk '{for (i = 1; i < NF; i++) if ($i == "helm.sh/helm/v4" && $(i+1) ~ /^v/) {print $(i+1); exit}}' "$mod/go.mod")"
     [ -n "$version" ] || die "$mod/go.mod does not require helm.sh/helm/v4"
     local stamp
     stamp="$( (cat "$mod/go.mod" "$mod/go.sum" "$0"; go version) | sha256sum | cut -c1-16)"
@@ -103,7 +103,7 @@ build_helm() {
     start=$(date +%s)
     tmp="$(mktemp -d "$HERE/bin/.build-helm.XXXXXX")"
     log="$HERE/bin/build-helm.log"
-    echo "build.sh: building helm $version (a cold build takes a few minutes on 2 cores)" >&2
+    echo "build.sh: building helm $version (a cold build takes about 10 min on 2 busy cores)" >&2
     # `helm version` reports the release, as upstream's Makefile stamps it.
     if ! (cd "$mod" && go build -trimpath \
             -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$version -X helm.sh/helm/v4/internal/version.gitTreeState=clean" \
