@@ -48,6 +48,10 @@ def helm(cluster: RealCluster, tmp: Path, *args: str,
 
 
 def test_install_dry_run_on_the_server(helm_on: tuple[RealCluster, Path]) -> None:
+    """What operators run first. helm 4.3's --dry-run=server talks to the server (release
+    history, lookups) but does not send the objects for validation: a DaemonSet the server
+    refuses (maxSurge and maxUnavailable both 0) passes it. The object checks are the two
+    tests below."""
     cluster, tmp = helm_on
     for release, values in (("dra-agent", {}), ("gpu-agent", SECOND)):
         out = helm(cluster, tmp, "install", release, str(CHART), "-n", "dra-agent",
