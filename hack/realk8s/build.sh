@@ -2,7 +2,10 @@
 # Builds the real kube-apiserver, etcd and kubectl of one Kubernetes minor from their published
 # Go modules (hack/realk8s/v<minor>/go.mod pins every version; nothing is downloaded but modules).
 #
-#   hack/realk8s/build.sh [MINOR...]     MINOR: 1.37 (default) or 1.35
+#   hack/realk8s/build.sh [MINOR...|helm]     MINOR: 1.37 (default) or 1.35
+#
+# Every run also builds helm (hack/realk8s/helm/go.mod pins it) into hack/realk8s/bin/helm;
+# `build.sh helm` builds only that.
 #
 # Output: hack/realk8s/bin/<minor>/{kube-apiserver,etcd,kubectl,allocate,kubelet-dra}
 # (git-ignored); allocate and kubelet-dra are ours (tools/: the scheduler's allocator on JSON,
@@ -81,8 +84,51 @@ build_one() {
     echo "$out"
 }
 
+# helm from its own module: it pins its own k8s.io versions, which need not be ../v1.37's.
+# Prints bin/helm's path only when asked for helm alone, so that `build.sh MINOR`'s stdout
+# stays the one bin directory.
+build_helm() {
+    local print="$1" mod="$HERE/helm" out="$HERE/bin/helm"
+    local version
+    version="$(awk '{for (i = 1; i < NF; i++) if ($i == "helm.sh/helm/v4" && $(i+1) ~ /^v/) {print $(i+1); exit}}' "$mod/go.mod")"
+    [ -n "$version" ] || die "$mod/go.mod does not require helm.sh/helm/v4"
+    local stamp
+    stamp="$( (cat "$mod/go.mod" "$mod/go.sum" "$0"; go version) | sha256sum | cut -c1-16)"
+    if [ -x "$out" ] && [ -f "$HERE/bin/.helm.stamp" ] && [ "$(cat "$HERE/bin/.helm.stamp")" = "$stamp" ]; then
+        echo "build.sh: helm ($version) is current, nothing to do (0 s)" >&2
+        [ "$print" = 0 ] || echo "$out"
+        return
+    fi
+    local start tmp log
+    start=$(date +%s)
+    tmp="$(mktemp -d "$HERE/bin/.build-helm.XXXXXX")"
+    log="$HERE/bin/build-helm.log"
+    echo "build.sh: building helm $version (a cold build takes about 10 min on 2 busy cores)" >&2
+    # `helm version` reports the release, as upstream's Makefile stamps it.
+    if ! (cd "$mod" && go build -trimpath \
+            -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$version -X helm.sh/helm/v4/internal/version.gitTreeState=clean" \
+            -o "$tmp/helm" helm.sh/helm/v4/cmd/helm) >"$log" 2>&1; then
+        rm -rf "$tmp"
+        local what
+        what="$(grep -oE '[A-Za-z0-9._~-]+(/[A-Za-z0-9._~+-]+)+@v[0-9][A-Za-z0-9.+-]*' "$log" | head -1 || true)"
+        if [ -n "$what" ] && grep -qiE 'proxy|dial|lookup|GOPROXY|no such host|timeout|connection' "$log"; then
+            die "cannot download module $what for helm ($(go env GOPROXY)); full log: $log"
+        fi
+        die "go build for helm failed: $(grep -m1 -vE '^go: downloading' "$log" || echo 'no output'); full log: $log"
+    fi
+    mv -f "$tmp/helm" "$out"
+    rmdir "$tmp"
+    echo "$stamp" >"$HERE/bin/.helm.stamp"
+    echo "build.sh: helm ($version) built in $(( $(date +%s) - start )) s" >&2
+    [ "$print" = 0 ] || echo "$out"
+}
+
 mkdir -p "$HERE/bin"
 [ $# -gt 0 ] || set -- 1.37
+only_helm=1
 for minor in "$@"; do
+    [ "$minor" = helm ] && continue
+    only_helm=0
     build_one "$minor"
 done
+build_helm "$only_helm"
