@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "version": "agent.commands.version:command",
     "cdi": "agent.commands.cdi:command",
     "claims": "agent.commands.claims:command",
+    "config": "agent.commands.config:command",
     "discover": "agent.commands.discover:command",
     "explain": "agent.commands.explain:command",
     "run": "agent.commands.run:command",

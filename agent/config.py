@@ -6,9 +6,10 @@ two (each option has ``envvar``); the file fills in whatever is still unset.
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -120,7 +121,11 @@ def _convert(key: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}{key.replace('_', '-')}: {err}") from err
 
 
-def _load_file(path: Path, extra_keys: frozenset[str] = frozenset()) -> dict[str, Any]:
+def _load_file(path: Path, extra_keys: frozenset[str] = frozenset(),
+               aliases: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The file's values by option name. A key is the option's name or its flag's spelling
+    (``driver-name``, ``shutdown-grace``); ``aliases`` maps a command's own flag spellings
+    (snake_case) to their option names."""
     import yaml  # only when a file is given
 
     try:
@@ -147,12 +152,20 @@ def _load_file(path: Path, extra_keys: frozenset[str] = frozenset()) -> dict[str
         raise ConfigError(f"config file {path}: nested too deeply to be a config") from err
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: top level must be a mapping")
+    aliases = {**dict(aliases or {}), "config": "config_file"}
     known = {f.name for f in fields(Config)} | extra_keys
     # Accept both snake_case and the flag spelling (driver-name).
-    out = {str(k).replace("-", "_"): v for k, v in data.items()}
-    unknown = sorted(set(out) - known)
-    if unknown:
-        raise ConfigError(f"config file {path}: unknown key(s) {', '.join(unknown)}")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        name = aliases.get(name, name)
+        if name not in known:
+            spellings = sorted({k.replace("_", "-") for k in known | set(aliases)})
+            near = difflib.get_close_matches(str(key).replace("_", "-"), spellings, n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            raise ConfigError(f"config file {path}: unknown key {str(key)[:60]!r}{hint} "
+                              "('dra-agent config example' lists every key)")
+        out[name] = value
     return out
 
 
@@ -161,14 +174,15 @@ def build_config(values: dict[str, Any]) -> Config:
     return _merge(values, frozenset())[0]
 
 
-def _merge(values: dict[str, Any], extra_keys: frozenset[str]) -> tuple[Config, dict[str, Any]]:
+def _merge(values: dict[str, Any], extra_keys: frozenset[str],
+           aliases: Mapping[str, str] | None = None) -> tuple[Config, dict[str, Any]]:
     """The Config, plus the file's values for ``extra_keys`` (a command's own options)."""
     given = {k: v for k, v in values.items() if v is not None and v != ()}
     file_path = given.get("config_file")
     converted: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     if file_path:
-        from_file = _load_file(Path(file_path), extra_keys)
+        from_file = _load_file(Path(file_path), extra_keys, aliases)
         extra = {k: v for k, v in from_file.items() if k in extra_keys}
         # Every value the file sets is checked, also those a flag overrides: a wrong file is
         # found now, not when the flag is dropped. "key:" (null) leaves the default.
@@ -227,11 +241,26 @@ def pop_config(kwargs: dict[str, Any]) -> Config:
     ctx = click.get_current_context(silent=True)
     params = {p.name: p for p in ctx.command.params if p.name} if ctx is not None else {}
     own = frozenset(k for k in params if k in kwargs)
-    cfg, from_file = _merge(values, own)
+    aliases = own_aliases(params.values())
+    cfg, from_file = _merge(values, own, aliases)
+    spelling = {name: alias.replace("_", "-") for alias, name in aliases.items()}
     for key, raw in from_file.items():
         if ctx is not None and ctx.get_parameter_source(key) is click.core.ParameterSource.DEFAULT:
             try:
                 kwargs[key] = params[key].type_cast_value(ctx, raw)
             except click.BadParameter as err:
-                raise ConfigError(f"config file {cfg.config_file}: {key}: {err.message}") from err
+                raise ConfigError(f"config file {cfg.config_file}: {spelling.get(key, key)}: "
+                                  f"{err.message}") from err
     return cfg
+
+
+def own_aliases(params: Iterable[click.Parameter]) -> dict[str, str]:
+    """A command's options by the snake_case of their long flag (``shutdown_grace`` for
+    ``--shutdown-grace``, whose option name is ``shutdown_grace_s``; ``verbose`` for
+    ``verbosity``), so a config file can use the spelling the help shows."""
+    out: dict[str, str] = {}
+    for param in params:
+        for opt in getattr(param, "opts", ()):
+            if opt.startswith("--") and param.name:
+                out[opt[2:].replace("-", "_")] = param.name
+    return out

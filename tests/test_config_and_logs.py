@@ -65,7 +65,7 @@ def test_unknown_device_type_is_a_usage_error() -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     ("- a list\n", "top level must be a mapping"),
-    ("driver: x\n", "unknown key(s) driver"),
+    ("driver: x\n", "unknown key 'driver'; did you mean driver-name?"),
     ("node_name: [unclosed\n", "not valid YAML"),
 ])
 def test_bad_config_file_names_the_file(tmp_path: Path, text: str, message: str) -> None:
@@ -119,7 +119,7 @@ def test_config_file_keys_of_other_commands_are_unknown(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     path.write_text("grace: 1\n")
     result = CliRunner().invoke(show, ["--config", str(path)])  # `show` has no --grace
-    assert result.exit_code == 2 and "unknown key(s) grace" in result.output
+    assert result.exit_code == 2 and "unknown key 'grace'" in result.output
 
 
 def _record(msg: str, **extra: Any) -> logging.LogRecord:
