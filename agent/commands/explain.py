@@ -118,7 +118,7 @@ def _run(cfg: Any, *, claim_file: str, class_files: tuple[str, ...], slices_from
 
     result = explain(claims[0], classes, slices, cfg.node_name, allocated,
                      node_labels=_with_hostname(labels, cfg.node_name),
-                     feature_gates=features)
+                     feature_gates=features, kubernetes_version=kubernetes_version)
     text = to_json(result) if output == "json" else (
         to_yaml(result) if output == "yaml" else to_table(result))
     click.echo(text)

@@ -65,6 +65,38 @@ DEFAULTS: Mapping[str, Features] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Release:
+    """How one release's allocator differs beyond its gates (read from dynamic-resource-allocation
+    structured/internal at that version); explain replays the one of ``--kubernetes-version``."""
+
+    #: A config that ends up naming every request has ``requests`` cleared (empty means all);
+    #: 1.35 keeps the names.
+    clears_config_for_all: bool = True
+    #: A claim config naming several of the chosen requests is copied once; 1.35 copies it once
+    #: per request (or chosen subrequest) it names, in request order.
+    claim_config_once: bool = True
+    #: After a device of an ``All`` subrequest the search stays on that subrequest; 1.35 goes on
+    #: with subrequest 0 of the request (it drops the subrequest index), so an ``All`` that is not
+    #: the first alternative continues as the first one (one device when that asks for one).
+    all_keeps_subrequest: bool = True
+
+
+RELEASES: Mapping[str, Release] = {
+    "1.37": Release(),
+    "1.35": Release(clears_config_for_all=False, claim_config_once=False,
+                    all_keeps_subrequest=False),
+}
+
+
+def release(version: str = MODELLED_KUBERNETES) -> Release:
+    found = RELEASES.get(version)
+    if found is None:
+        raise InputError("--kubernetes-version",
+                         f"{version!r} is not modelled (choose {', '.join(sorted(RELEASES))})")
+    return found
+
+
 def resolve(gates: Features | Mapping[str, bool] | str | None,
             version: str = MODELLED_KUBERNETES) -> Features:
     """Features from what a caller has: a Features, ``{"DRAListTypeAttributes": True}``, the

@@ -42,37 +42,40 @@ MEMORIES = ("8Gi", "16Gi", "40Gi")
 
 @dataclass(frozen=True)
 class Features:
-    """What the allocator of a minor has on by default, so what cases may use there."""
+    """One allocator setting under test: a minor with its gates, and what the cases may use.
 
-    taints: bool  # DRADeviceTaints
-    counters: bool  # DRAPartitionableDevices
-    consumable: bool  # DRAConsumableCapacity (also distinctAttribute)
-    config: bool = True  # class/claim config (1.35 writes it differently, see FEATURES)
-    sub_all: bool = True  # allocationMode All in a firstAvailable subrequest (see FEATURES)
+    Explain runs with the same minor and gates (``explain_kwargs``), so cases may use fields
+    whose gate is off there: the allocator must then ignore them (or refuse the claim) as
+    explain does. Where a gate is off the field is generated rarely, so most cases still test
+    an allocation."""
+
+    minor: str
+    taints: bool  # DRADeviceTaints on (else taints and tolerations only now and then)
+    counters: bool  # DRAPartitionableDevices on
+    consumable: bool  # DRAConsumableCapacity on (also distinctAttribute)
+    gates: str = ""  # --feature-gates of both, on top of the minor's defaults
+    lists: bool = False  # DRAListTypeAttributes on: list-type attributes
 
     def explain_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments that tell ``explain`` the same gates.
-
-        Hook: explain's feature gates (``feature_gates=``) are being added; until they are,
-        explain runs with everything on and the 1.35 cases keep to what both minors have on
-        (admin access and firstAvailable: on in both; taints, counters and consumable
-        capacity: on in 1.37 only). Once it lands, return the gates here and let the 1.35
-        cases use the 1.37 features too (the allocator must then ignore them as explain does).
-        """
-        return {}
+        """Keyword arguments that tell ``explain`` the same minor and gates."""
+        return {"kubernetes_version": self.minor, "feature_gates": self.gates or None}
 
 
-#: Per minor: the gates kube-scheduler has on by default (k8s.io/kubernetes pkg/features).
-FEATURES = {
-    "1.37": Features(taints=True, counters=True, consumable=True),
-    # 1.35's allocator names every request in each config of the allocation, where 1.37
-    # clears ``requests`` of a config that applies to all of them (explain does that); until
-    # explain knows the minor, 1.35 cases have no config (the recorded case is in
-    # test_allocator_agreement.py, xfail).
-    # 1.35 also gives an ``All`` subrequest of firstAvailable a single device (recorded too).
-    "1.35": Features(taints=False, counters=False, consumable=False, config=False,
-                     sub_all=False),
+#: Per minor: the settings to run, the scheduler's defaults first (k8s.io/kubernetes
+#: pkg/features). 1.37 also with DRAListTypeAttributes (alpha, off by default; not in 1.35).
+PROFILES: dict[str, tuple[Features, ...]] = {
+    "1.37": (Features("1.37", taints=True, counters=True, consumable=True),
+             Features("1.37", taints=True, counters=True, consumable=True,
+                      gates="DRAListTypeAttributes=true", lists=True)),
+    "1.35": (Features("1.35", taints=False, counters=False, consumable=False),),
 }
+#: The scheduler's defaults per minor.
+FEATURES = {minor: profiles[0] for minor, profiles in PROFILES.items()}
+
+
+def _rare(draw: st.DrawFn, on: bool, one_in: int) -> bool:
+    """One in ``one_in`` with the gate on, one in four times that with it off."""
+    return draw(st.integers(1, one_in if on else 4 * one_in)) == 1
 
 
 # --- CEL --------------------------------------------------------------------------------
@@ -132,10 +135,14 @@ def _device(draw: st.DrawFn, name: str, driver: str, f: Features, counter_sets: 
         attrs["ok"] = {"bool": draw(st.booleans())}
     if draw(st.booleans()):
         attrs[f"{OTHER_DOMAIN}/rack"] = {"string": draw(st.sampled_from(["r1", "r2"]))}
+    if f.lists and draw(st.booleans()):
+        kind, pool_ = draw(st.sampled_from([("ints", [0, 1, 2]), ("strings", ["x", "y", "z"])]))
+        attrs["links"] = {kind: draw(st.lists(st.sampled_from(pool_), min_size=1, max_size=2,
+                                              unique=True))}
     out: dict[str, Any] = {"name": name}
     if attrs:
         out["attributes"] = attrs
-    shared = f.consumable and draw(st.integers(0, 4)) == 4
+    shared = _rare(draw, f.consumable, 5)
     if shared:
         out["allowMultipleAllocations"] = True
         cap: dict[str, Any] = {"value": draw(st.sampled_from(MEMORIES))}
@@ -150,7 +157,7 @@ def _device(draw: st.DrawFn, name: str, driver: str, f: Features, counter_sets: 
         out["capacity"] = {"memory": cap}
     elif draw(st.booleans()):
         out["capacity"] = {"memory": {"value": draw(st.sampled_from(MEMORIES))}}
-    if f.taints and draw(st.integers(0, 4)) == 4:
+    if _rare(draw, f.taints, 5):
         out["taints"] = [{"key": draw(st.sampled_from(["k1", "k2"])),
                           "value": draw(st.sampled_from(["", "v"])),
                           "effect": draw(st.sampled_from(["NoSchedule", "NoExecute", "None"]))}
@@ -181,7 +188,7 @@ def _pool(draw: st.DrawFn, driver: str, name: str, f: Features, first: bool
     counter_sets: list[str] = []
     slices: list[dict[str, Any]] = []
     gen = draw(st.sampled_from([0, 0, 0, 1]))
-    if f.counters and draw(st.integers(0, 2)) == 2:
+    if _rare(draw, f.counters, 3):
         counter_sets = ["cs0"] if draw(st.booleans()) else ["cs0", "cs1"]
         slices.append({"sharedCounters": [{"name": c, "counters": {"mem": {"value": str(
             draw(st.integers(1, 4)))}}} for c in counter_sets]})
@@ -217,7 +224,7 @@ def _class(draw: st.DrawFn, name: str, driver: str, f: Features) -> dict[str, An
         sels.append({"cel": {"expression": f'device.driver == "{driver}"'}})
     sels += _selectors(draw, driver, 1)
     spec: dict[str, Any] = {"selectors": sels} if sels else {}
-    if f.config and draw(st.integers(0, 2)) == 2:
+    if draw(st.integers(0, 2)) == 2:
         spec["config"] = [{"opaque": {"driver": driver, "parameters": {"class": name}}}]
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
             "metadata": {"name": name}, "spec": spec}
@@ -230,14 +237,14 @@ def _exact(draw: st.DrawFn, classes: list[tuple[str, str]], f: Features, sub: bo
     sels = _selectors(draw, driver, 1)
     if sels:
         out["selectors"] = sels
-    if (f.sub_all or not sub) and draw(st.integers(0, 5)) == 5:
+    if draw(st.integers(0, 5)) == 5:
         out["allocationMode"] = "All"
     else:
         out["allocationMode"] = "ExactCount"
         out["count"] = draw(st.sampled_from([1, 1, 1, 1, 2, 2, 3]))
     if not sub and draw(st.integers(0, 7)) == 7:  # subrequests have no adminAccess
         out["adminAccess"] = True
-    if f.taints and draw(st.integers(0, 3)) == 3:
+    if _rare(draw, f.taints, 4):
         tol: dict[str, Any] = {"key": draw(st.sampled_from(["k1", "k2"]))}
         if draw(st.booleans()):
             tol["operator"] = "Exists"
@@ -248,7 +255,7 @@ def _exact(draw: st.DrawFn, classes: list[tuple[str, str]], f: Features, sub: bo
         if draw(st.booleans()):
             tol["effect"] = draw(st.sampled_from(["NoSchedule", "NoExecute"]))
         out["tolerations"] = [tol]
-    if f.consumable and draw(st.integers(0, 3)) == 3:
+    if _rare(draw, f.consumable, 4):
         out["capacity"] = {"requests": {"memory": draw(st.sampled_from(["1Gi", "4Gi", "6Gi"]))}}
     return out
 
@@ -270,20 +277,21 @@ def _claim(draw: st.DrawFn, classes: list[tuple[str, str]], f: Features) -> dict
     devices: dict[str, Any] = {"requests": requests}
     constraints = []
     for _ in range(draw(st.integers(0, 2))):
-        attr = draw(st.sampled_from([f"{DRIVERS[0]}/numa", f"{DRIVERS[1]}/numa",
-                                     f"{OTHER_DOMAIN}/rack", f"{DRIVERS[0]}/model"]))
-        # distinctAttribute came with DRAConsumableCapacity (off in 1.35: the API server drops
-        # the field and the allocator calls the constraint empty)
-        kinds = ["matchAttribute", "distinctAttribute"] if f.consumable else ["matchAttribute"]
-        c: dict[str, Any] = {draw(st.sampled_from(kinds)): attr}
+        attrs = [f"{DRIVERS[0]}/numa", f"{DRIVERS[1]}/numa", f"{OTHER_DOMAIN}/rack",
+                 f"{DRIVERS[0]}/model"] + ([f"{DRIVERS[0]}/links"] * 2 if f.lists else [])
+        attr = draw(st.sampled_from(attrs))
+        # distinctAttribute came with DRAConsumableCapacity (without it the allocator calls
+        # the constraint empty and refuses the claim)
+        kind = "distinctAttribute" if _rare(draw, f.consumable, 2) else "matchAttribute"
+        c: dict[str, Any] = {kind: attr}
         refs = draw(st.lists(st.sampled_from(names), max_size=2, unique=True))
         if refs:
             c["requests"] = refs
         constraints.append(c)
     if constraints:
         devices["constraints"] = constraints
-    if f.config and draw(st.integers(0, 2)) == 2:
-        refs = draw(st.lists(st.sampled_from(names), max_size=2, unique=True))
+    if draw(st.integers(0, 2)) == 2:
+        refs = draw(st.lists(st.sampled_from(names), max_size=3, unique=True))
         cfg: dict[str, Any] = {"opaque": {"driver": DRIVERS[0], "parameters": {"claim": True}}}
         if refs:
             cfg["requests"] = refs
