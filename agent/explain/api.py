@@ -19,7 +19,15 @@ from agent.explain.cel_env import CelEnv
 from agent.explain.constraints import Tracker
 from agent.explain.devices import AllocatedDevice, parse_allocated, parse_slice
 from agent.explain.docs import Doc, InputError, from_object
-from agent.explain.features import MODELLED_KUBERNETES, Features, release, resolve
+from agent.explain.features import (
+    MODELLED_KUBERNETES,
+    Features,
+    capacity_requests_refused,
+    channel,
+    distinct_supported,
+    release,
+    resolve,
+)
 from agent.explain.model import ALL, MAX_RESULTS, Claim, DeviceClass, parse_claim, parse_class
 from agent.explain.pools import AllocatedState, Node, PoolView, gather_pools
 from agent.explain.reasons import ALLOCATED, SELECTOR_ERROR, DeviceVerdict, Reason, RequestReport
@@ -56,21 +64,20 @@ def _entries(pools: Sequence[PoolView], features: Features) -> list[Entry]:
     return out
 
 
-def _gate_errors(claim: Claim, features: Features) -> None:
+def _gate_errors(claim: Claim, features: Features, version: str) -> None:
     """What upstream's Allocate refuses up front when a gate is off (an error, not a fit)."""
     for i, con in enumerate(claim.constraints):
-        # Without DRAConsumableCapacity the allocator knows only matchAttribute (the API server
-        # drops distinctAttribute then; one given anyway is an empty constraint to it).
-        if con.distinct_attribute and not features.consumable_capacity:
-            raise SearchAbortedError(f"constraint #{i}: distinctAttribute needs the "
-                                     "DRAConsumableCapacity feature (the allocator sees an "
-                                     "empty constraint)")
+        if con.distinct_attribute and not distinct_supported(features, version):
+            raise SearchAbortedError(f"constraint #{i}: empty constraint (distinctAttribute is "
+                                     f"unknown to the {channel(features, version)} allocator "
+                                     "these gates select; it needs DRAConsumableCapacity)")
     for creq in claim.requests:
         if creq.prioritized and not features.prioritized_list:
             raise SearchAbortedError(f"request {creq.name}: has subrequests, but the "
                                      "DRAPrioritizedList feature is disabled")
         for req in creq.alternatives:
-            if req.capacity and not features.consumable_capacity:
+            if (req.capacity and not features.consumable_capacity
+                    and capacity_requests_refused(features, version)):
                 raise SearchAbortedError(f"request {req.name}: has capacity requests, but the "
                                          "DRAConsumableCapacity feature is disabled")
             if req.admin_access and not features.admin_access:
@@ -160,7 +167,11 @@ def explain_pod(
     entries = _entries(pools, features)
     env = CelEnv()
     searches: list[Search] = []
-    for c in parsed:
+    ignore_capacity = not features.consumable_capacity and not capacity_requests_refused(
+        features, kubernetes_version)
+    for given in parsed:
+        # the allocator these gates select ignores capacity requests
+        c = _without_capacity(given) if ignore_capacity else given
         search = Search(c, node, pools, entries, _request_data(c, class_map, env), state, env,
                         [Tracker(k, features.list_type_attributes) for k in c.constraints])
         search.release = behaviour
@@ -180,23 +191,17 @@ def explain_pod(
 
     errors: list[str | None] = [None] * len(searches)
     fits = False
-    current = 0
     try:
         # Every claim is checked before the search starts, as upstream's Allocate does.
-        for current, search in enumerate(searches):
-            _gate_errors(search.claim, features)
-            _prepare_all_mode(search)
-            c = search.claim
-            min_devices = sum(min(search.data[(ri, si)].num
-                                  for si in range(len(r.alternatives)))
-                              for ri, r in enumerate(c.requests))
-            if min_devices > MAX_RESULTS:
-                raise SearchAbortedError(f"the claim asks for {min_devices} devices; one "
-                                         f"allocation holds at most {MAX_RESULTS}")
-        current = 0
+        for search in searches:
+            try:
+                _check_claim(search, features, kubernetes_version)
+            except SearchAbortedError as err:
+                err.origin = search
+                raise
         fits = searches[0].run()
     except SearchAbortedError as err:
-        at = next((i for i, s in enumerate(searches) if s is err.origin), current)
+        at = next((i for i, s in enumerate(searches) if s is err.origin), 0)
         errors[at] = str(err)
         if err.key is not None and err.device is not None and err.reason is not None:
             searches[at].dynamic.setdefault(err.key, {})[err.device] = err.reason
@@ -235,6 +240,23 @@ def explain_pod(
         results.append(ExplainResult(fits, f"{c.namespace}/{c.name}", node_name, allocation,
                                      tuple(reports), pool_reports, suggestion, error, stats))
     return PodExplainResult(fits, node_name, tuple(results), pod_error)
+
+
+def _check_claim(search: Search, features: Features, version: str) -> None:
+    _gate_errors(search.claim, features, version)
+    _prepare_all_mode(search)
+    c = search.claim
+    min_devices = sum(min(search.data[(ri, si)].num for si in range(len(r.alternatives)))
+                      for ri, r in enumerate(c.requests))
+    if min_devices > MAX_RESULTS:
+        raise SearchAbortedError(f"the claim asks for {min_devices} devices; one allocation "
+                                 f"holds at most {MAX_RESULTS}")
+
+
+def _without_capacity(c: Claim) -> Claim:
+    return replace(c, requests=tuple(
+        replace(r, alternatives=tuple(replace(a, capacity=None) for a in r.alternatives))
+        for r in c.requests))
 
 
 def _same_claim(c: Claim, meta: Mapping[str, Any]) -> bool:

@@ -89,6 +89,50 @@ RELEASES: Mapping[str, Release] = {
 }
 
 
+#: Per release, the allocator implementations (structured/internal/<channel>) in the order
+#: NewAllocator tries them, each with the Features fields it supports: the first that supports
+#: every enabled one runs. Which one runs decides what some fields do with their gate off.
+_CHANNELS: Mapping[str, tuple[tuple[str, frozenset[str]], ...]] = {
+    "1.37": (
+        ("stable", frozenset({"admin_access", "prioritized_list", "partitionable_devices",
+                              "device_taints"})),
+        ("incubating", frozenset({"admin_access", "prioritized_list", "partitionable_devices",
+                                  "device_taints", "binding_and_status", "consumable_capacity",
+                                  "fractional_capacity_range"})),
+    ),
+    "1.35": (
+        ("stable", frozenset()),
+        ("incubating", frozenset({"admin_access", "prioritized_list", "partitionable_devices",
+                                  "device_taints"})),
+    ),
+}
+
+
+def channel(features: Features, version: str = MODELLED_KUBERNETES) -> str:
+    """The allocator implementation kube-scheduler ``version`` runs with these gates."""
+    enabled = {name for name in ("admin_access", "prioritized_list", "partitionable_devices",
+                                 "device_taints", "binding_and_status", "consumable_capacity",
+                                 "fractional_capacity_range", "list_type_attributes")
+               if getattr(features, name)}
+    for name, supported in _CHANNELS.get(version, ()):
+        if enabled <= supported:
+            return name
+    return "experimental"
+
+
+def distinct_supported(features: Features, version: str = MODELLED_KUBERNETES) -> bool:
+    """distinctAttribute is code of the newer allocators (1.37: incubating on, 1.35:
+    experimental), not of a gate: the older ones call it an empty constraint."""
+    return channel(features, version) in (("incubating", "experimental") if version == "1.37"
+                                          else ("experimental",))
+
+
+def capacity_requests_refused(features: Features, version: str = MODELLED_KUBERNETES) -> bool:
+    """With DRAConsumableCapacity off, 1.37's incubating and experimental allocators refuse a
+    request with capacity; 1.37's stable one and all of 1.35's ignore the capacity."""
+    return version == "1.37" and channel(features, version) != "stable"
+
+
 def release(version: str = MODELLED_KUBERNETES) -> Release:
     found = RELEASES.get(version)
     if found is None:

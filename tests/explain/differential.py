@@ -1,9 +1,9 @@
 """Cases for the differential test of ``explain`` against the scheduler's own allocator.
 
-A case is one pod's claim on one node with everything the allocator sees: the node (with
+A case is one pod's claims (one to three, allocated together) on one node with everything the allocator sees: the node (with
 labels), DeviceClasses, ResourceSlices of several drivers, pools and nodes (nodeName of this
 node and of another, allNodes, nodeSelector, several slices per pool, an older generation,
-incomplete pools), devices with int, string, version and bool attributes, capacities,
+incomplete pools), devices with int, string, version, bool and (with DRAListTypeAttributes) list attributes, capacities,
 counters and taints, and devices other claims already hold. Claims have selectors, counts,
 ``All``, ``firstAvailable``, matchAttribute/distinctAttribute, adminAccess, tolerations,
 consumable capacity and config; they are written as the API server stores them (defaults
@@ -19,15 +19,15 @@ once disagreed, with the allocator's recorded answer.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from hypothesis import strategies as st
 
-from agent.explain.api import explain
-from agent.explain.result import ExplainResult
+from agent.explain.api import explain_pod
+from agent.explain.result import PodExplainResult
 from agent.explain.values import parse_quantity
 
 NODE = "node-a"
@@ -261,7 +261,8 @@ def _exact(draw: st.DrawFn, classes: list[tuple[str, str]], f: Features, sub: bo
 
 
 @st.composite
-def _claim(draw: st.DrawFn, classes: list[tuple[str, str]], f: Features) -> dict[str, Any]:
+def _claim(draw: st.DrawFn, classes: list[tuple[str, str]], f: Features,
+           claim_name: str = "job") -> dict[str, Any]:
     requests: list[dict[str, Any]] = []
     names: list[str] = []
     for i in range(draw(st.sampled_from([1, 1, 1, 2, 2, 3]))):
@@ -297,13 +298,15 @@ def _claim(draw: st.DrawFn, classes: list[tuple[str, str]], f: Features) -> dict
             cfg["requests"] = refs
         devices["config"] = [cfg]
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "job", "namespace": "default", "uid": "uid-job"},
+            "metadata": {"name": claim_name, "namespace": "default",
+                         "uid": f"uid-{claim_name}"},
             "spec": {"devices": devices}}
 
 
 @st.composite
 def cases(draw: st.DrawFn, f: Features) -> dict[str, Any]:
-    """One case: ``{"node", "labels", "claim", "classes", "slices", "allocated"}``."""
+    """One case: ``{"node", "labels", "claims", "classes", "slices", "allocated"}``: one pod's
+    claims (mostly one, up to three), allocated together."""
     slices: list[dict[str, Any]] = []
     for i in range(draw(st.integers(1, 3))):  # the first pool is the one most claims want
         driver = DRIVERS[0] if i == 0 else draw(st.sampled_from(DRIVERS))
@@ -318,7 +321,9 @@ def cases(draw: st.DrawFn, f: Features) -> dict[str, Any]:
                          unique=True)) if ids else []
     return {"node": NODE, "labels": {"kubernetes.io/hostname": NODE,
                                      "zone": draw(st.sampled_from(ZONES))},
-            "claim": draw(_claim(class_names, f)), "classes": classes, "slices": slices,
+            "claims": [draw(_claim(class_names, f, f"job-{i}"))
+                       for i in range(draw(st.sampled_from([1, 1, 1, 2, 2, 3])))],
+            "classes": classes, "slices": slices,
             "allocated": [{"driver": d, "pool": p, "device": n} for d, p, n in held]}
 
 
@@ -331,9 +336,14 @@ def allocator_doc(case: Mapping[str, Any], by_name: bool = False) -> str:
         else case["slices"]
     node = {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": case["node"], "labels": case["labels"]}}
-    return json.dumps({"node": node, "claims": [case["claim"]],
+    return json.dumps({"node": node, "claims": claims_of(case),
                        "deviceClasses": case["classes"], "resourceSlices": slices,
                        "allocatedDevices": case["allocated"]}, separators=(",", ":"))
+
+
+def claims_of(case: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pod's claims (recorded cases of one claim have ``claim``)."""
+    return list(case["claims"]) if "claims" in case else [case["claim"]]
 
 
 def _held_claims(case: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -345,9 +355,9 @@ def _held_claims(case: Mapping[str, Any]) -> list[dict[str, Any]]:
             for i, d in enumerate(case["allocated"])]
 
 
-def explain_case(case: Mapping[str, Any], f: Features) -> ExplainResult:
-    return explain(case["claim"], case["classes"], case["slices"], case["node"],
-                   _held_claims(case), node_labels=case["labels"], **f.explain_kwargs())
+def explain_case(case: Mapping[str, Any], f: Features) -> PodExplainResult:
+    return explain_pod(claims_of(case), case["classes"], case["slices"], case["node"],
+                       _held_claims(case), node_labels=case["labels"], **f.explain_kwargs())
 
 
 def _quantities(raw: Mapping[str, Any] | None) -> dict[str, Fraction]:
@@ -366,22 +376,30 @@ def _results(allocation: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def answer_of_allocator(reply: Mapping[str, Any], uid: str = "uid-job") -> dict[str, Any]:
-    """The allocate tool's reply in the shape ``compare`` reads."""
+def _answer(allocation: Mapping[str, Any]) -> dict[str, Any]:
+    return {"results": _results(allocation),
+            "config": (allocation.get("devices") or {}).get("config") or [],
+            "nodeSelector": allocation.get("nodeSelector")}
+
+
+def answer_of_allocator(reply: Mapping[str, Any], uids: Sequence[str] = ("uid-job",)
+                        ) -> dict[str, Any]:
+    """The allocate tool's reply in the shape ``compare`` reads: ``claims`` in pod order."""
     if reply.get("allocations"):
-        allocation = reply["allocations"][uid]
-        return {"fits": True, "error": False, "results": _results(allocation),
-                "config": (allocation.get("devices") or {}).get("config") or [],
-                "nodeSelector": allocation.get("nodeSelector")}
+        return {"fits": True, "error": False,
+                "claims": [_answer(reply["allocations"][u]) for u in uids]}
     return {"fits": False, "error": not reply.get("unschedulable")}
 
 
-def answer_of_explain(result: ExplainResult) -> dict[str, Any]:
-    if result.fits and result.allocation is not None:
-        return {"fits": True, "error": False, "results": _results(result.allocation),
-                "config": (result.allocation.get("devices") or {}).get("config") or [],
-                "nodeSelector": result.allocation.get("nodeSelector")}
+def answer_of_explain(result: PodExplainResult) -> dict[str, Any]:
+    if result.fits:
+        return {"fits": True, "error": False,
+                "claims": [_answer(c.allocation or {}) for c in result.claims]}
     return {"fits": False, "error": result.error is not None}
+
+
+def uids_of(case: Mapping[str, Any]) -> list[str]:
+    return [str(c["metadata"]["uid"]) for c in claims_of(case)]
 
 
 def _pools_for_node(case: Mapping[str, Any]) -> set[tuple[str, str]]:
@@ -415,8 +433,15 @@ def compare(allocator: Mapping[str, Any], explained: Mapping[str, Any], exact: b
     """None when they agree: on fit, on failing with an error (not just "no fit"), and with
     ``exact`` on the exact results in order (request, driver, pool, device, admin access,
     tolerations, shared, consumed capacity), on the config and on the node selector."""
-    keys = ("fits", "error", "results", "config", "nodeSelector") if exact else ("fits", "error")
-    for key in keys:
+    for key in ("fits", "error"):
         if allocator.get(key) != explained.get(key):
-            return (f"{key}: allocator {allocator.get(key)!r}, explain {explained.get(key)!r}")
+            return f"{key}: allocator {allocator.get(key)!r}, explain {explained.get(key)!r}"
+    if not exact:
+        return None
+    for i, (want, got) in enumerate(zip(allocator.get("claims") or [],
+                                        explained.get("claims") or [], strict=True)):
+        for key in ("results", "config", "nodeSelector"):
+            if want.get(key) != got.get(key):
+                return (f"claim #{i} {key}: allocator {want.get(key)!r}, "
+                        f"explain {got.get(key)!r}")
     return None

@@ -17,6 +17,7 @@ from tests.explain.differential import (
     answer_of_explain,
     compare,
     explain_case,
+    uids_of,
 )
 
 # 1.35's allocator names the request in a class config that applies to every request (1.37
@@ -352,6 +353,6 @@ CASES = [
 @pytest.mark.parametrize(("case", "answers", "minor"), CASES)
 def test_explain_gives_the_allocators_answer(case: dict[str, Any], answers: dict[str, Any],
                                              minor: str) -> None:
-    expected = answer_of_allocator(answers[minor])
+    expected = answer_of_allocator(answers[minor], uids_of(case))
     got = answer_of_explain(explain_case(case, FEATURES[minor]))
     assert compare(expected, got) is None, compare(expected, got)

@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from agent.cli import main
-from agent.explain.api import explain
+from agent.explain.api import explain, explain_pod
 from tests.explain.builders import CLASSES, NODE, claim, device, exactly, slice_
 
 _OPAQUE = {"driver": "gpu.dra-agent.io", "parameters": {"x": 1}}
@@ -52,3 +52,38 @@ def test_distinct_attribute_needs_consumable_capacity() -> None:
     assert not off.fits and off.error is not None and "DRAConsumableCapacity" in off.error
     assert explain(c, CLASSES, _SLICES, NODE, kubernetes_version="1.35",
                    feature_gates="DRAConsumableCapacity=true").fits
+
+
+def test_a_pods_claims_backtrack_across_claims(tmp_path: Path) -> None:
+    # Claim one takes either GPU; claim two needs gpu-0 (pcieRoot pci0000:15). Alone, one
+    # takes gpu-0; together the search goes back into claim one and gives it gpu-1.
+    one = claim(exactly("a"), name="one")
+    two = claim(exactly("b", "gpu.dra-agent.io", None,
+                        'device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:15"'),
+                name="two")
+    pod = explain_pod([one, two], CLASSES, _SLICES, NODE)
+    assert pod.fits and [_devices(c) for c in pod.claims] == [["gpu-1"], ["gpu-0"]]
+    assert not explain_pod([one, two, claim(exactly("c"), name="three")], CLASSES, _SLICES,
+                           NODE).fits
+    files = []
+    for c in (one, two):
+        files += ["-f", str(tmp_path / f"{c['metadata']['name']}.yaml")]
+        Path(files[-1]).write_text(yaml.safe_dump(c))
+    (tmp_path / "k.yaml").write_text(yaml.safe_dump_all(CLASSES))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump_all(_SLICES))
+    base = ["explain", *files, "--class", str(tmp_path / "k.yaml"), "--slices",
+            str(tmp_path / "s.yaml"), "--node-name", NODE]
+    out = CliRunner().invoke(main, [*base, "-o", "json"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    assert [c["claim"] for c in json.loads(out.output)["claims"]] == ["default/one",
+                                                                       "default/two"]
+    table = CliRunner().invoke(main, base, catch_exceptions=False).output
+    assert table.startswith("pod's 2 claims on node node-a: fit together")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    bad = CliRunner().invoke(main, [*base, "-f", str(empty)], catch_exceptions=False)
+    assert bad.exit_code == 2 and "no claim in the file" in bad.output
+
+
+def _devices(result: Any) -> list[str]:
+    return [r["device"] for r in result.allocation["devices"]["results"]]
