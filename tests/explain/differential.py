@@ -4,7 +4,8 @@ A case is one pod's claims (one to three, allocated together) on one node with e
 allocator sees: the node (with labels), DeviceClasses, ResourceSlices of several drivers, pools
 and nodes (nodeName of this node and of another, allNodes, nodeSelector, several slices per
 pool, an older generation, incomplete pools), devices with int, string, version, bool and
-(with DRAListTypeAttributes) list attributes, capacities, counters and taints, and devices other claims already hold. Claims have selectors, counts,
+(with DRAListTypeAttributes) list attributes, capacities, counters and taints, and devices
+other claims already hold. Claims have selectors, counts,
 ``All``, ``firstAvailable``, matchAttribute/distinctAttribute, adminAccess, tolerations,
 consumable capacity and config; they are written as the API server stores them (defaults
 filled in), since the allocator reads them so.
