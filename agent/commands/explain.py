@@ -22,8 +22,10 @@ PACKAGED_CLASSES = "deviceclasses.yaml"
 
 
 @click.command()
-@click.option("-f", "--filename", "claim_file", required=True, type=click.Path(dir_okay=False),
-              help="ResourceClaim (or ResourceClaimTemplate) YAML/JSON; '-' for stdin.")
+@click.option("-f", "--filename", "claim_files", required=True, multiple=True,
+              type=click.Path(dir_okay=False),
+              help="ResourceClaim (or ResourceClaimTemplate) YAML/JSON; '-' for stdin. Several "
+                   "(or a file of several): one pod's claims, allocated together.")
 @click.option("--class", "class_files", multiple=True, type=click.Path(dir_okay=False),
               help="DeviceClass file(s); several classes per file are fine "
                    "[default: the agent's own classes, as deploy/base installs them; the "
@@ -45,7 +47,7 @@ PACKAGED_CLASSES = "deviceclasses.yaml"
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
               show_default=True)
 @common_options
-def command(*, claim_file: str, class_files: tuple[str, ...], slices_from: str,
+def command(*, claim_files: tuple[str, ...], class_files: tuple[str, ...], slices_from: str,
             allocated_files: tuple[str, ...], feature_gates: str, kubernetes_version: str,
             node_labels: str, output: str, **kwargs: Any) -> None:
     """Replay the scheduler's device allocation for one claim on this node."""
@@ -53,7 +55,7 @@ def command(*, claim_file: str, class_files: tuple[str, ...], slices_from: str,
 
     cfg = pop_config(kwargs)
     try:
-        _run(cfg, claim_file=claim_file, class_files=class_files, slices_from=slices_from,
+        _run(cfg, claim_files=claim_files, class_files=class_files, slices_from=slices_from,
              allocated_files=allocated_files, feature_gates=feature_gates,
              kubernetes_version=kubernetes_version, node_labels=node_labels, output=output)
     except InputError as err:
@@ -86,21 +88,22 @@ def parse_labels(text: str) -> dict[str, str]:
     return out
 
 
-def _run(cfg: Any, *, claim_file: str, class_files: tuple[str, ...], slices_from: str,
+def _run(cfg: Any, *, claim_files: tuple[str, ...], class_files: tuple[str, ...], slices_from: str,
          allocated_files: tuple[str, ...], feature_gates: str, kubernetes_version: str,
          node_labels: str, output: str) -> None:
     from agent.explain.docs import Doc, InputError, decode, load_file, load_text
     from agent.explain.features import parse_gates
-    from agent.explain.render import to_json, to_table, to_yaml
+    from agent.explain.render import to_json, to_table, to_table_pod, to_yaml
 
     features = parse_gates(feature_gates, kubernetes_version)
     labels = parse_labels(node_labels)
-    if claim_file == "-":
-        claims = load_text(decode(sys.stdin.buffer.read(), "<stdin>"), "<stdin>")
-    else:
-        claims = load_file(claim_file)
-    if len(claims) != 1:
-        raise InputError(claim_file, f"expected one claim, found {len(claims)} objects")
+    claims: list[Doc] = []
+    for claim_file in claim_files:
+        found = (load_text(decode(sys.stdin.buffer.read(), "<stdin>"), "<stdin>")
+                 if claim_file == "-" else load_file(claim_file))
+        if not found:
+            raise InputError(claim_file, "no claim in the file")
+        claims.extend(found)
     classes: list[Doc | dict[str, Any]] = [d for f in class_files for d in load_file(f)]
     allocated: list[Doc | dict[str, Any]] = [d for f in allocated_files for d in load_file(f)]
     slices: list[Doc | dict[str, Any]]
@@ -123,15 +126,20 @@ def _run(cfg: Any, *, claim_file: str, class_files: tuple[str, ...], slices_from
         slices = list(load_file(slices_from))
     if not class_files and slices_from != "from-cluster":
         classes = list(packaged_classes())
-    from agent.explain.api import explain
+    from agent.explain.api import explain_pod
 
-    result = explain(claims[0], classes, slices, cfg.node_name, allocated,
-                     node_labels=_with_hostname(labels, cfg.node_name),
-                     feature_gates=features)
-    text = to_json(result) if output == "json" else (
-        to_yaml(result) if output == "yaml" else to_table(result))
+    pod = explain_pod(claims, classes, slices, cfg.node_name, allocated,
+                      node_labels=_with_hostname(labels, cfg.node_name),
+                      feature_gates=features, kubernetes_version=kubernetes_version)
+    if len(pod.claims) == 1:  # one claim: its own report, as ever
+        result = pod.claims[0]
+        text = to_json(result) if output == "json" else (
+            to_yaml(result) if output == "yaml" else to_table(result))
+    else:
+        text = to_json(pod) if output == "json" else (
+            to_yaml(pod) if output == "yaml" else to_table_pod(pod))
     click.echo(text)
-    raise SystemExit(0 if result.fits else 1)
+    raise SystemExit(0 if pod.fits else 1)
 
 
 def packaged_classes() -> list[docs.Doc]:

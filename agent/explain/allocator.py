@@ -20,6 +20,7 @@ from agent.explain.cel_env import CelEnv, CompiledSelector
 from agent.explain.cel_lib import SelectorRuntimeError
 from agent.explain.constraints import Tracker
 from agent.explain.devices import Capacity, Device
+from agent.explain.features import Release
 from agent.explain.model import MAX_RESULTS, Claim, DeviceClass, DeviceID, Request
 from agent.explain.pools import AllocatedState, Node, PoolView, available_counters, node_matches
 from agent.explain.reasons import (
@@ -48,6 +49,7 @@ class SearchAbortedError(Exception):
     def __init__(self, message: str, key: tuple[int, int] | None = None,
                  device: DeviceID | None = None, reason: Reason | None = None) -> None:
         super().__init__(message)
+        self.origin: object = None  # the Search (claim) that raised it
         self.key = key
         self.device = device
         self.reason = reason
@@ -175,6 +177,13 @@ class Search:
     # (request, CEL view of the device) -> selector verdict; runtime errors are not cached
     selector_reasons: dict[tuple[tuple[int, int], int], object] = field(default_factory=dict)
     share_ids: Callable[[], str] = field(default=lambda: str(uuid.uuid4()))
+    release: Release = field(default_factory=Release)
+    # Several claims of one pod: ``then`` searches the next claim once this one is complete
+    # (the dicts above are shared with it); ``own`` is what this claim takes, which is all that
+    # admin access must not take twice; ``prefix`` names the claim in reasons.
+    then: Callable[[], bool] | None = None
+    own: set[DeviceID] = field(default_factory=set)
+    prefix: str = ""
 
     # --- checks shared with the report ----------------------------------------------------
 
@@ -208,7 +217,7 @@ class Search:
 
     def in_use(self, rd: ReqData, did: DeviceID, allow_multiple: bool) -> Reason | None:
         if rd.req.admin_access:
-            if not allow_multiple and did in self.allocating:
+            if not allow_multiple and did in self.own:
                 return Reason(IN_CLAIM, f"already chosen for request {self.allocating[did]}",
                               {"request": self.allocating[did]})
             return None
@@ -298,7 +307,8 @@ class Search:
             self._note(rd, did, reason)
             return None
         if not multi:
-            self.allocating[did] = req.name
+            self.allocating[did] = self.prefix + req.name
+            self.own.add(did)
         result = Result(req, entry)
         if multi:
             result.consumed = {n: consumed_capacity(req, c, n) for n, c in device.capacity.items()}
@@ -314,6 +324,7 @@ class Search:
                 t.remove(req.base, req.sub, device)
             if not multi:
                 self.allocating.pop(did, None)
+                self.own.discard(did)
             if result.consumed:
                 agg = self.allocating_capacity[did]
                 for n, v in result.consumed.items():
@@ -330,15 +341,22 @@ class Search:
         return did in self.state.capacity or did in self.allocating_capacity
 
     def run(self) -> bool:
+        """Search this claim (and, through ``then``, the pod's later claims)."""
         try:
             return self._one(0, 0, 0, False, 0)
         except TooManyDevicesError:
+            # Too many devices for this claim is no error of the pod: an earlier claim's other
+            # choice may let a firstAvailable of this one ask for fewer (as upstream).
             return False
+        except SearchAbortedError as err:
+            if err.origin is None:
+                err.origin = self
+            raise
 
     def _one(self, ri: int, si: int, di: int, in_sub: bool, start: int) -> bool:
         self.steps += 1
         if ri >= len(self.claim.requests):
-            return True
+            return True if self.then is None else self.then()
         creq = self.claim.requests[ri]
         if not in_sub and creq.prioritized:
             all_too_many = True
@@ -365,8 +383,10 @@ class Search:
             undo = self.allocate_device(rd, rd.all_devices[di], must=True)
             if undo is None:
                 return False
+            # 1.35 goes on with subrequest 0 here (see Release.all_keeps_subrequest)
+            nsi = si if self.release.all_keeps_subrequest else 0
             try:
-                if self._one(ri, si, di + 1, in_sub, 0):
+                if self._one(ri, nsi, di + 1, in_sub, 0):
                     return True
             except BaseException:
                 undo()
@@ -376,7 +396,8 @@ class Search:
         for entry in self.entries[start:]:
             did = entry.device.id
             # "In use" is cheap, so upstream checks it before the selectors.
-            if did in self.allocating or (not rd.req.admin_access and did in self.state.devices):
+            if (did in self.own if rd.req.admin_access
+                    else did in self.allocating or did in self.state.devices):
                 continue
             if self.selectable(rd, entry) is not None:
                 continue

@@ -65,6 +65,82 @@ DEFAULTS: Mapping[str, Features] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Release:
+    """How one release's allocator differs beyond its gates (read from dynamic-resource-allocation
+    structured/internal at that version); explain replays the one of ``--kubernetes-version``."""
+
+    #: A config that ends up naming every request has ``requests`` cleared (empty means all);
+    #: 1.35 keeps the names.
+    clears_config_for_all: bool = True
+    #: A claim config naming several of the chosen requests is copied once; 1.35 copies it once
+    #: per request (or chosen subrequest) it names, in request order.
+    claim_config_once: bool = True
+    #: After a device of an ``All`` subrequest the search stays on that subrequest; 1.35 goes on
+    #: with subrequest 0 of the request (it drops the subrequest index), so an ``All`` that is not
+    #: the first alternative continues as the first one (one device when that asks for one).
+    all_keeps_subrequest: bool = True
+
+
+RELEASES: Mapping[str, Release] = {
+    "1.37": Release(),
+    "1.35": Release(clears_config_for_all=False, claim_config_once=False,
+                    all_keeps_subrequest=False),
+}
+
+
+#: Per release, the allocator implementations (structured/internal/<channel>) in the order
+#: NewAllocator tries them, each with the Features fields it supports: the first that supports
+#: every enabled one runs. Which one runs decides what some fields do with their gate off.
+_CHANNELS: Mapping[str, tuple[tuple[str, frozenset[str]], ...]] = {
+    "1.37": (
+        ("stable", frozenset({"admin_access", "prioritized_list", "partitionable_devices",
+                              "device_taints"})),
+        ("incubating", frozenset({"admin_access", "prioritized_list", "partitionable_devices",
+                                  "device_taints", "binding_and_status", "consumable_capacity",
+                                  "fractional_capacity_range"})),
+    ),
+    "1.35": (
+        ("stable", frozenset()),
+        ("incubating", frozenset({"admin_access", "prioritized_list", "partitionable_devices",
+                                  "device_taints"})),
+    ),
+}
+
+
+def channel(features: Features, version: str = MODELLED_KUBERNETES) -> str:
+    """The allocator implementation kube-scheduler ``version`` runs with these gates."""
+    enabled = {name for name in ("admin_access", "prioritized_list", "partitionable_devices",
+                                 "device_taints", "binding_and_status", "consumable_capacity",
+                                 "fractional_capacity_range", "list_type_attributes")
+               if getattr(features, name)}
+    for name, supported in _CHANNELS.get(version, ()):
+        if enabled <= supported:
+            return name
+    return "experimental"
+
+
+def distinct_supported(features: Features, version: str = MODELLED_KUBERNETES) -> bool:
+    """distinctAttribute is code of the newer allocators (1.37: incubating on, 1.35:
+    experimental), not of a gate: the older ones call it an empty constraint."""
+    return channel(features, version) in (("incubating", "experimental") if version == "1.37"
+                                          else ("experimental",))
+
+
+def capacity_requests_refused(features: Features, version: str = MODELLED_KUBERNETES) -> bool:
+    """With DRAConsumableCapacity off, 1.37's incubating and experimental allocators refuse a
+    request with capacity; 1.37's stable one and all of 1.35's ignore the capacity."""
+    return version == "1.37" and channel(features, version) != "stable"
+
+
+def release(version: str = MODELLED_KUBERNETES) -> Release:
+    found = RELEASES.get(version)
+    if found is None:
+        raise InputError("--kubernetes-version",
+                         f"{version!r} is not modelled (choose {', '.join(sorted(RELEASES))})")
+    return found
+
+
 def resolve(gates: Features | Mapping[str, bool] | str | None,
             version: str = MODELLED_KUBERNETES) -> Features:
     """Features from what a caller has: a Features, ``{"DRAListTypeAttributes": True}``, the

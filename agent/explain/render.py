@@ -5,17 +5,26 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from agent.explain.result import ExplainResult
+from agent.explain.result import ExplainResult, PodExplainResult
 
 #: In the table, at most this many rejected devices per reason are listed by name.
 _NAMES_PER_REASON = 4
 
 
-def to_json(result: ExplainResult) -> str:
+def to_table_pod(pod: PodExplainResult) -> str:
+    """Each claim's table under one line for the pod: the claims fit only together."""
+    head = (f"pod's {len(pod.claims)} claims on node {pod.node}: "
+            + ("fit together" if pod.fits else "do not fit together"))
+    if pod.error:
+        head += f" ({pod.error})"
+    return "\n\n".join([head, *(to_table(c) for c in pod.claims)])
+
+
+def to_json(result: ExplainResult | PodExplainResult) -> str:
     return json.dumps(result.to_dict(), indent=2)
 
 
-def to_yaml(result: ExplainResult) -> str:
+def to_yaml(result: ExplainResult | PodExplainResult) -> str:
     import yaml
 
     return str(yaml.safe_dump(result.to_dict(), sort_keys=False))

@@ -51,3 +51,20 @@ class ExplainResult:
         out["pools"] = [p.to_dict() for p in self.pools]
         out["stats"] = dict(self.stats)
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class PodExplainResult:
+    """All claims of one pod, allocated together: they fit only all at once."""
+
+    fits: bool
+    node: str
+    claims: tuple[ExplainResult, ...]
+    error: str | None = None  # the first claim's error that stops the whole pod
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"node": self.node, "fits": self.fits}
+        if self.error:
+            out["error"] = self.error
+        out["claims"] = [c.to_dict() for c in self.claims]
+        return out

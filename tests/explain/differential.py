@@ -1,10 +1,11 @@
 """Cases for the differential test of ``explain`` against the scheduler's own allocator.
 
-A case is one pod's claim on one node with everything the allocator sees: the node (with
-labels), DeviceClasses, ResourceSlices of several drivers, pools and nodes (nodeName of this
-node and of another, allNodes, nodeSelector, several slices per pool, an older generation,
-incomplete pools), devices with int, string, version and bool attributes, capacities,
-counters and taints, and devices other claims already hold. Claims have selectors, counts,
+A case is one pod's claims (one to three, allocated together) on one node with everything the
+allocator sees: the node (with labels), DeviceClasses, ResourceSlices of several drivers, pools
+and nodes (nodeName of this node and of another, allNodes, nodeSelector, several slices per
+pool, an older generation, incomplete pools), devices with int, string, version, bool and
+(with DRAListTypeAttributes) list attributes, capacities, counters and taints, and devices
+other claims already hold. Claims have selectors, counts,
 ``All``, ``firstAvailable``, matchAttribute/distinctAttribute, adminAccess, tolerations,
 consumable capacity and config; they are written as the API server stores them (defaults
 filled in), since the allocator reads them so.
@@ -19,15 +20,15 @@ once disagreed, with the allocator's recorded answer.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from hypothesis import strategies as st
 
-from agent.explain.api import explain
-from agent.explain.result import ExplainResult
+from agent.explain.api import explain_pod
+from agent.explain.result import PodExplainResult
 from agent.explain.values import parse_quantity
 
 NODE = "node-a"
@@ -42,37 +43,40 @@ MEMORIES = ("8Gi", "16Gi", "40Gi")
 
 @dataclass(frozen=True)
 class Features:
-    """What the allocator of a minor has on by default, so what cases may use there."""
+    """One allocator setting under test: a minor with its gates, and what the cases may use.
 
-    taints: bool  # DRADeviceTaints
-    counters: bool  # DRAPartitionableDevices
-    consumable: bool  # DRAConsumableCapacity (also distinctAttribute)
-    config: bool = True  # class/claim config (1.35 writes it differently, see FEATURES)
-    sub_all: bool = True  # allocationMode All in a firstAvailable subrequest (see FEATURES)
+    Explain runs with the same minor and gates (``explain_kwargs``), so cases may use fields
+    whose gate is off there: the allocator must then ignore them (or refuse the claim) as
+    explain does. Where a gate is off the field is generated rarely, so most cases still test
+    an allocation."""
+
+    minor: str
+    taints: bool  # DRADeviceTaints on (else taints and tolerations only now and then)
+    counters: bool  # DRAPartitionableDevices on
+    consumable: bool  # DRAConsumableCapacity on (also distinctAttribute)
+    gates: str = ""  # --feature-gates of both, on top of the minor's defaults
+    lists: bool = False  # DRAListTypeAttributes on: list-type attributes
 
     def explain_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments that tell ``explain`` the same gates.
-
-        Hook: explain's feature gates (``feature_gates=``) are being added; until they are,
-        explain runs with everything on and the 1.35 cases keep to what both minors have on
-        (admin access and firstAvailable: on in both; taints, counters and consumable
-        capacity: on in 1.37 only). Once it lands, return the gates here and let the 1.35
-        cases use the 1.37 features too (the allocator must then ignore them as explain does).
-        """
-        return {}
+        """Keyword arguments that tell ``explain`` the same minor and gates."""
+        return {"kubernetes_version": self.minor, "feature_gates": self.gates or None}
 
 
-#: Per minor: the gates kube-scheduler has on by default (k8s.io/kubernetes pkg/features).
-FEATURES = {
-    "1.37": Features(taints=True, counters=True, consumable=True),
-    # 1.35's allocator names every request in each config of the allocation, where 1.37
-    # clears ``requests`` of a config that applies to all of them (explain does that); until
-    # explain knows the minor, 1.35 cases have no config (the recorded case is in
-    # test_allocator_agreement.py, xfail).
-    # 1.35 also gives an ``All`` subrequest of firstAvailable a single device (recorded too).
-    "1.35": Features(taints=False, counters=False, consumable=False, config=False,
-                     sub_all=False),
+#: Per minor: the settings to run, the scheduler's defaults first (k8s.io/kubernetes
+#: pkg/features). 1.37 also with DRAListTypeAttributes (alpha, off by default; not in 1.35).
+PROFILES: dict[str, tuple[Features, ...]] = {
+    "1.37": (Features("1.37", taints=True, counters=True, consumable=True),
+             Features("1.37", taints=True, counters=True, consumable=True,
+                      gates="DRAListTypeAttributes=true", lists=True)),
+    "1.35": (Features("1.35", taints=False, counters=False, consumable=False),),
 }
+#: The scheduler's defaults per minor.
+FEATURES = {minor: profiles[0] for minor, profiles in PROFILES.items()}
+
+
+def _rare(draw: st.DrawFn, on: bool, one_in: int) -> bool:
+    """One in ``one_in`` with the gate on, one in four times that with it off."""
+    return draw(st.integers(1, one_in if on else 4 * one_in)) == 1
 
 
 # --- CEL --------------------------------------------------------------------------------
@@ -132,10 +136,14 @@ def _device(draw: st.DrawFn, name: str, driver: str, f: Features, counter_sets: 
         attrs["ok"] = {"bool": draw(st.booleans())}
     if draw(st.booleans()):
         attrs[f"{OTHER_DOMAIN}/rack"] = {"string": draw(st.sampled_from(["r1", "r2"]))}
+    if f.lists and draw(st.booleans()):
+        kind, pool_ = draw(st.sampled_from([("ints", [0, 1, 2]), ("strings", ["x", "y", "z"])]))
+        attrs["links"] = {kind: draw(st.lists(st.sampled_from(pool_), min_size=1, max_size=2,
+                                              unique=True))}
     out: dict[str, Any] = {"name": name}
     if attrs:
         out["attributes"] = attrs
-    shared = f.consumable and draw(st.integers(0, 4)) == 4
+    shared = _rare(draw, f.consumable, 5)
     if shared:
         out["allowMultipleAllocations"] = True
         cap: dict[str, Any] = {"value": draw(st.sampled_from(MEMORIES))}
@@ -150,7 +158,7 @@ def _device(draw: st.DrawFn, name: str, driver: str, f: Features, counter_sets: 
         out["capacity"] = {"memory": cap}
     elif draw(st.booleans()):
         out["capacity"] = {"memory": {"value": draw(st.sampled_from(MEMORIES))}}
-    if f.taints and draw(st.integers(0, 4)) == 4:
+    if _rare(draw, f.taints, 5):
         out["taints"] = [{"key": draw(st.sampled_from(["k1", "k2"])),
                           "value": draw(st.sampled_from(["", "v"])),
                           "effect": draw(st.sampled_from(["NoSchedule", "NoExecute", "None"]))}
@@ -181,7 +189,7 @@ def _pool(draw: st.DrawFn, driver: str, name: str, f: Features, first: bool
     counter_sets: list[str] = []
     slices: list[dict[str, Any]] = []
     gen = draw(st.sampled_from([0, 0, 0, 1]))
-    if f.counters and draw(st.integers(0, 2)) == 2:
+    if _rare(draw, f.counters, 3):
         counter_sets = ["cs0"] if draw(st.booleans()) else ["cs0", "cs1"]
         slices.append({"sharedCounters": [{"name": c, "counters": {"mem": {"value": str(
             draw(st.integers(1, 4)))}}} for c in counter_sets]})
@@ -217,7 +225,7 @@ def _class(draw: st.DrawFn, name: str, driver: str, f: Features) -> dict[str, An
         sels.append({"cel": {"expression": f'device.driver == "{driver}"'}})
     sels += _selectors(draw, driver, 1)
     spec: dict[str, Any] = {"selectors": sels} if sels else {}
-    if f.config and draw(st.integers(0, 2)) == 2:
+    if draw(st.integers(0, 2)) == 2:
         spec["config"] = [{"opaque": {"driver": driver, "parameters": {"class": name}}}]
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
             "metadata": {"name": name}, "spec": spec}
@@ -230,14 +238,14 @@ def _exact(draw: st.DrawFn, classes: list[tuple[str, str]], f: Features, sub: bo
     sels = _selectors(draw, driver, 1)
     if sels:
         out["selectors"] = sels
-    if (f.sub_all or not sub) and draw(st.integers(0, 5)) == 5:
+    if draw(st.integers(0, 5)) == 5:
         out["allocationMode"] = "All"
     else:
         out["allocationMode"] = "ExactCount"
         out["count"] = draw(st.sampled_from([1, 1, 1, 1, 2, 2, 3]))
     if not sub and draw(st.integers(0, 7)) == 7:  # subrequests have no adminAccess
         out["adminAccess"] = True
-    if f.taints and draw(st.integers(0, 3)) == 3:
+    if _rare(draw, f.taints, 4):
         tol: dict[str, Any] = {"key": draw(st.sampled_from(["k1", "k2"]))}
         if draw(st.booleans()):
             tol["operator"] = "Exists"
@@ -248,13 +256,14 @@ def _exact(draw: st.DrawFn, classes: list[tuple[str, str]], f: Features, sub: bo
         if draw(st.booleans()):
             tol["effect"] = draw(st.sampled_from(["NoSchedule", "NoExecute"]))
         out["tolerations"] = [tol]
-    if f.consumable and draw(st.integers(0, 3)) == 3:
+    if _rare(draw, f.consumable, 4):
         out["capacity"] = {"requests": {"memory": draw(st.sampled_from(["1Gi", "4Gi", "6Gi"]))}}
     return out
 
 
 @st.composite
-def _claim(draw: st.DrawFn, classes: list[tuple[str, str]], f: Features) -> dict[str, Any]:
+def _claim(draw: st.DrawFn, classes: list[tuple[str, str]], f: Features,
+           claim_name: str = "job") -> dict[str, Any]:
     requests: list[dict[str, Any]] = []
     names: list[str] = []
     for i in range(draw(st.sampled_from([1, 1, 1, 2, 2, 3]))):
@@ -270,32 +279,35 @@ def _claim(draw: st.DrawFn, classes: list[tuple[str, str]], f: Features) -> dict
     devices: dict[str, Any] = {"requests": requests}
     constraints = []
     for _ in range(draw(st.integers(0, 2))):
-        attr = draw(st.sampled_from([f"{DRIVERS[0]}/numa", f"{DRIVERS[1]}/numa",
-                                     f"{OTHER_DOMAIN}/rack", f"{DRIVERS[0]}/model"]))
-        # distinctAttribute came with DRAConsumableCapacity (off in 1.35: the API server drops
-        # the field and the allocator calls the constraint empty)
-        kinds = ["matchAttribute", "distinctAttribute"] if f.consumable else ["matchAttribute"]
-        c: dict[str, Any] = {draw(st.sampled_from(kinds)): attr}
+        attrs = [f"{DRIVERS[0]}/numa", f"{DRIVERS[1]}/numa", f"{OTHER_DOMAIN}/rack",
+                 f"{DRIVERS[0]}/model"] + ([f"{DRIVERS[0]}/links"] * 2 if f.lists else [])
+        attr = draw(st.sampled_from(attrs))
+        # distinctAttribute came with DRAConsumableCapacity (without it the allocator calls
+        # the constraint empty and refuses the claim)
+        kind = "distinctAttribute" if _rare(draw, f.consumable, 2) else "matchAttribute"
+        c: dict[str, Any] = {kind: attr}
         refs = draw(st.lists(st.sampled_from(names), max_size=2, unique=True))
         if refs:
             c["requests"] = refs
         constraints.append(c)
     if constraints:
         devices["constraints"] = constraints
-    if f.config and draw(st.integers(0, 2)) == 2:
-        refs = draw(st.lists(st.sampled_from(names), max_size=2, unique=True))
+    if draw(st.integers(0, 2)) == 2:
+        refs = draw(st.lists(st.sampled_from(names), max_size=3, unique=True))
         cfg: dict[str, Any] = {"opaque": {"driver": DRIVERS[0], "parameters": {"claim": True}}}
         if refs:
             cfg["requests"] = refs
         devices["config"] = [cfg]
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "job", "namespace": "default", "uid": "uid-job"},
+            "metadata": {"name": claim_name, "namespace": "default",
+                         "uid": f"uid-{claim_name}"},
             "spec": {"devices": devices}}
 
 
 @st.composite
 def cases(draw: st.DrawFn, f: Features) -> dict[str, Any]:
-    """One case: ``{"node", "labels", "claim", "classes", "slices", "allocated"}``."""
+    """One case: ``{"node", "labels", "claims", "classes", "slices", "allocated"}``: one pod's
+    claims (mostly one, up to three), allocated together."""
     slices: list[dict[str, Any]] = []
     for i in range(draw(st.integers(1, 3))):  # the first pool is the one most claims want
         driver = DRIVERS[0] if i == 0 else draw(st.sampled_from(DRIVERS))
@@ -310,7 +322,9 @@ def cases(draw: st.DrawFn, f: Features) -> dict[str, Any]:
                          unique=True)) if ids else []
     return {"node": NODE, "labels": {"kubernetes.io/hostname": NODE,
                                      "zone": draw(st.sampled_from(ZONES))},
-            "claim": draw(_claim(class_names, f)), "classes": classes, "slices": slices,
+            "claims": [draw(_claim(class_names, f, f"job-{i}"))
+                       for i in range(draw(st.sampled_from([1, 1, 1, 2, 2, 3])))],
+            "classes": classes, "slices": slices,
             "allocated": [{"driver": d, "pool": p, "device": n} for d, p, n in held]}
 
 
@@ -323,9 +337,14 @@ def allocator_doc(case: Mapping[str, Any], by_name: bool = False) -> str:
         else case["slices"]
     node = {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": case["node"], "labels": case["labels"]}}
-    return json.dumps({"node": node, "claims": [case["claim"]],
+    return json.dumps({"node": node, "claims": claims_of(case),
                        "deviceClasses": case["classes"], "resourceSlices": slices,
                        "allocatedDevices": case["allocated"]}, separators=(",", ":"))
+
+
+def claims_of(case: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pod's claims (recorded cases of one claim have ``claim``)."""
+    return list(case["claims"]) if "claims" in case else [case["claim"]]
 
 
 def _held_claims(case: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -337,9 +356,9 @@ def _held_claims(case: Mapping[str, Any]) -> list[dict[str, Any]]:
             for i, d in enumerate(case["allocated"])]
 
 
-def explain_case(case: Mapping[str, Any], f: Features) -> ExplainResult:
-    return explain(case["claim"], case["classes"], case["slices"], case["node"],
-                   _held_claims(case), node_labels=case["labels"], **f.explain_kwargs())
+def explain_case(case: Mapping[str, Any], f: Features) -> PodExplainResult:
+    return explain_pod(claims_of(case), case["classes"], case["slices"], case["node"],
+                       _held_claims(case), node_labels=case["labels"], **f.explain_kwargs())
 
 
 def _quantities(raw: Mapping[str, Any] | None) -> dict[str, Fraction]:
@@ -358,22 +377,30 @@ def _results(allocation: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def answer_of_allocator(reply: Mapping[str, Any], uid: str = "uid-job") -> dict[str, Any]:
-    """The allocate tool's reply in the shape ``compare`` reads."""
+def _answer(allocation: Mapping[str, Any]) -> dict[str, Any]:
+    return {"results": _results(allocation),
+            "config": (allocation.get("devices") or {}).get("config") or [],
+            "nodeSelector": allocation.get("nodeSelector")}
+
+
+def answer_of_allocator(reply: Mapping[str, Any], uids: Sequence[str] = ("uid-job",)
+                        ) -> dict[str, Any]:
+    """The allocate tool's reply in the shape ``compare`` reads: ``claims`` in pod order."""
     if reply.get("allocations"):
-        allocation = reply["allocations"][uid]
-        return {"fits": True, "error": False, "results": _results(allocation),
-                "config": (allocation.get("devices") or {}).get("config") or [],
-                "nodeSelector": allocation.get("nodeSelector")}
+        return {"fits": True, "error": False,
+                "claims": [_answer(reply["allocations"][u]) for u in uids]}
     return {"fits": False, "error": not reply.get("unschedulable")}
 
 
-def answer_of_explain(result: ExplainResult) -> dict[str, Any]:
-    if result.fits and result.allocation is not None:
-        return {"fits": True, "error": False, "results": _results(result.allocation),
-                "config": (result.allocation.get("devices") or {}).get("config") or [],
-                "nodeSelector": result.allocation.get("nodeSelector")}
+def answer_of_explain(result: PodExplainResult) -> dict[str, Any]:
+    if result.fits:
+        return {"fits": True, "error": False,
+                "claims": [_answer(c.allocation or {}) for c in result.claims]}
     return {"fits": False, "error": result.error is not None}
+
+
+def uids_of(case: Mapping[str, Any]) -> list[str]:
+    return [str(c["metadata"]["uid"]) for c in claims_of(case)]
 
 
 def _pools_for_node(case: Mapping[str, Any]) -> set[tuple[str, str]]:
@@ -407,8 +434,15 @@ def compare(allocator: Mapping[str, Any], explained: Mapping[str, Any], exact: b
     """None when they agree: on fit, on failing with an error (not just "no fit"), and with
     ``exact`` on the exact results in order (request, driver, pool, device, admin access,
     tolerations, shared, consumed capacity), on the config and on the node selector."""
-    keys = ("fits", "error", "results", "config", "nodeSelector") if exact else ("fits", "error")
-    for key in keys:
+    for key in ("fits", "error"):
         if allocator.get(key) != explained.get(key):
-            return (f"{key}: allocator {allocator.get(key)!r}, explain {explained.get(key)!r}")
+            return f"{key}: allocator {allocator.get(key)!r}, explain {explained.get(key)!r}"
+    if not exact:
+        return None
+    for i, (want, got) in enumerate(zip(allocator.get("claims") or [],
+                                        explained.get("claims") or [], strict=True)):
+        for key in ("results", "config", "nodeSelector"):
+            if want.get(key) != got.get(key):
+                return (f"claim #{i} {key}: allocator {want.get(key)!r}, "
+                        f"explain {got.get(key)!r}")
     return None

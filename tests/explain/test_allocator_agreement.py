@@ -17,6 +17,7 @@ from tests.explain.differential import (
     answer_of_explain,
     compare,
     explain_case,
+    uids_of,
 )
 
 # 1.35's allocator names the request in a class config that applies to every request (1.37
@@ -341,24 +342,17 @@ ALL_SUBREQUEST_ANSWERS: dict[str, Any] = json.loads(r"""
 """)
 
 
-_VERSION_MODE = ("explain has no 1.35 mode yet (the minor/feature gates are being added): it "
-                 "answers as 1.37's allocator does")
-
 CASES = [
     pytest.param(CLASS_CONFIG, CLASS_CONFIG_ANSWERS, "1.37", id="class-config-1.37"),
-    pytest.param(CLASS_CONFIG, CLASS_CONFIG_ANSWERS, "1.35", id="class-config-1.35",
-                 marks=pytest.mark.xfail(strict=True, reason="1.35 keeps requests on a class "
-                                         "config that applies to all; " + _VERSION_MODE)),
+    pytest.param(CLASS_CONFIG, CLASS_CONFIG_ANSWERS, "1.35", id="class-config-1.35"),
     pytest.param(ALL_SUBREQUEST, ALL_SUBREQUEST_ANSWERS, "1.37", id="all-subrequest-1.37"),
-    pytest.param(ALL_SUBREQUEST, ALL_SUBREQUEST_ANSWERS, "1.35", id="all-subrequest-1.35",
-                 marks=pytest.mark.xfail(strict=True, reason="1.35 gives an All subrequest one "
-                                         "device; " + _VERSION_MODE)),
+    pytest.param(ALL_SUBREQUEST, ALL_SUBREQUEST_ANSWERS, "1.35", id="all-subrequest-1.35"),
 ]
 
 
 @pytest.mark.parametrize(("case", "answers", "minor"), CASES)
 def test_explain_gives_the_allocators_answer(case: dict[str, Any], answers: dict[str, Any],
                                              minor: str) -> None:
-    expected = answer_of_allocator(answers[minor])
+    expected = answer_of_allocator(answers[minor], uids_of(case))
     got = answer_of_explain(explain_case(case, FEATURES[minor]))
     assert compare(expected, got) is None, compare(expected, got)
