@@ -76,10 +76,6 @@ class ClaimDeviceInfo(Collector):
         # the length limit collapse into one series instead of a duplicate Prometheus rejects.
         self._rows = tuple(dict.fromkeys(d.labels() for d in devices))
 
-    @property
-    def rows(self) -> tuple[tuple[str, ...], ...]:
-        return self._rows
-
     def describe(self) -> Iterable[Metric]:
         return [GaugeMetricFamily(self.NAME, self.HELP, labels=CLAIM_DEVICE_LABELS)]
 
