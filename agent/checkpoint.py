@@ -68,6 +68,12 @@ class PreparedDevice:
     cdi_ids: tuple[str, ...] = ()
     share_id: str | None = None
     admin_access: bool = False
+    #: The hardware's identity when it was prepared (GPU/MIG UUID, host interface name, PCI
+    #: address), kept so metrics and ``dra-agent claims -o wide`` can name it after the device
+    #: is gone or without discovery. None in records written before it was kept, or unknown.
+    uuid: str | None = None
+    if_name: str | None = None
+    pci_address: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -84,12 +90,20 @@ class PreparedDevice:
             out["shareID"] = self.share_id
         if self.admin_access:
             out["adminAccess"] = True
+        # Written only when known: a record without them reads back as it was.
+        for key, value in (("uuid", self.uuid), ("ifName", self.if_name),
+                           ("pciAddress", self.pci_address)):
+            if value is not None:
+                out[key] = value
         return out
 
     @classmethod
     def from_json(cls, data: Any) -> PreparedDevice:
         obj = _mapping(data, "device")
-        known = {"pool", "device", "requests", "cdiDeviceIDs", "shareID", "adminAccess"}
+        known = {
+            "pool", "device", "requests", "cdiDeviceIDs", "shareID", "adminAccess", "uuid",
+            "ifName", "pciAddress",
+        }
         return cls(
             pool=_str(obj, "pool"),
             device=_str(obj, "device"),
@@ -97,6 +111,9 @@ class PreparedDevice:
             cdi_ids=_str_tuple(obj, "cdiDeviceIDs"),
             share_id=_opt_str(obj, "shareID"),
             admin_access=_bool(obj, "adminAccess"),
+            uuid=_opt_str(obj, "uuid"),
+            if_name=_opt_str(obj, "ifName"),
+            pci_address=_opt_str(obj, "pciAddress"),
             extra={k: v for k, v in obj.items() if k not in known},
         )
 

@@ -7,13 +7,83 @@ record into a private registry, so no code path needs to check for it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from agent import __version__
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+#: Longest label value exported: a claim name (a DNS subdomain) fits whole; anything longer
+#: (a hardware string from a hand-edited checkpoint) is cut, so one record cannot blow up a
+#: scrape or a Prometheus ``label_value_length_limit``.
+LABEL_VALUE_MAX = 253
+
+
+def label_value(text: str, limit: int = LABEL_VALUE_MAX) -> str:
+    """``text`` safe to show on one line: non-printable characters (newline, escape, NUL, a
+    lone surrogate) become ``?`` and it is cut to ``limit`` characters. prometheus_client
+    escapes quotes and newlines already; this keeps a terminal or a dashboard safe too."""
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimDevice:
+    """One prepared device of a claim, as ``dra_agent_claim_device_info`` labels it.
+
+    Label names are the ones the hardware exporters use, so a join needs no relabelling:
+    ``UUID`` and ``pci_bus_id`` as dcgm-exporter spells them; ``ifname`` for the host
+    interface (node-exporter calls it ``device``, which here is the DRA device name).
+    """
+
+    namespace: str
+    claim: str
+    pool: str
+    device: str
+    uuid: str = ""
+    pci_bus_id: str = ""
+    ifname: str = ""
+
+    def labels(self) -> tuple[str, ...]:
+        return tuple(label_value(v) for v in (
+            self.namespace, self.claim, self.pool, self.device, self.uuid, self.pci_bus_id,
+            self.ifname,
+        ))
+
+
+CLAIM_DEVICE_LABELS = ("namespace", "claim", "pool", "device", "UUID", "pci_bus_id", "ifname")
+
+
+class ClaimDeviceInfo(Collector):
+    """``dra_agent_claim_device_info``: 1 per prepared device, rebuilt whole from the
+    checkpoint on every change. The rows are swapped in one assignment, so a scrape sees the
+    old set or the new one, never a half-cleared gauge."""
+
+    NAME = "dra_agent_claim_device_info"
+    HELP = ("Devices prepared for each claim with their hardware identity (always 1), to join "
+            "GPU and NIC metrics to claims.")
+
+    def __init__(self) -> None:
+        self._rows: tuple[tuple[str, ...], ...] = ()
+
+    def set(self, devices: Iterable[ClaimDevice]) -> None:
+        # dict, not set: the order stays the checkpoint's, and two rows that only differ past
+        # the length limit collapse into one series instead of a duplicate Prometheus rejects.
+        self._rows = tuple(dict.fromkeys(d.labels() for d in devices))
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(self.NAME, self.HELP, labels=CLAIM_DEVICE_LABELS)]
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=CLAIM_DEVICE_LABELS)
+        for row in self._rows:
+            family.add_metric(row, 1)
+        return [family]
 
 
 @dataclass
@@ -44,6 +114,8 @@ class Metrics:
         self.prepared_devices = Gauge(
             "dra_agent_prepared_devices", "Devices prepared on this node.", registry=r
         )
+        self.claim_devices = ClaimDeviceInfo()
+        r.register(self.claim_devices)
         self.claim_status_errors = Counter(
             "dra_agent_claim_status_errors", "Failed writes of claim status.devices.", registry=r
         )

@@ -6,6 +6,7 @@ Read-only: a corrupt checkpoint is reported, never moved aside (that is the agen
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import click
 from agent.checkpoint import CheckpointCorruptError, ClaimRecord, decode
 from agent.checkpoint_store import MAX_CHECKPOINT_BYTES
 from agent.config import common_options, pop_config
+from agent.metrics import label_value
 from agent.safefile import UnsafeFileError, read_capped
 
 
@@ -31,6 +33,10 @@ def load_records(path: Path) -> list[ClaimRecord]:
     return sorted(data.claims.values(), key=lambda r: (r.namespace, r.name, r.uid))
 
 
+def _state(record: ClaimRecord) -> str:
+    return record.state.value + (" (recovered)" if record.recovered else "")
+
+
 def render_table(records: list[ClaimRecord]) -> str:
     header = ("NAMESPACE", "NAME", "UID", "STATE", "DEVICES", "UPDATED")
     rows = [header] + [
@@ -38,12 +44,35 @@ def render_table(records: list[ClaimRecord]) -> str:
             r.namespace or "-",
             r.name or "-",
             r.uid,
-            r.state.value + (" (recovered)" if r.recovered else ""),
+            _state(r),
             ",".join(d.device for d in r.devices) or "-",
             r.updated or "-",
         )
         for r in records
     ]
+    return _columns(rows)
+
+
+def render_wide(records: list[ClaimRecord]) -> str:
+    """One row per prepared device with its hardware identity, the rows of
+    ``dra_agent_claim_device_info``; a claim without devices gets one row of dashes."""
+    header = ("NAMESPACE", "NAME", "UID", "STATE", "POOL", "DEVICE", "UUID", "PCI", "IFNAME",
+              "UPDATED")
+    rows: list[tuple[str, ...]] = [header]
+    for r in records:
+        claim = (r.namespace or "-", r.name or "-", r.uid, _state(r))
+        # Checkpoint strings are printed to a terminal: no escape sequence or newline passes.
+        devices = [
+            tuple(label_value(v) if v else "-"
+                  for v in (d.pool, d.device, d.uuid, d.pci_address, d.if_name))
+            for d in r.devices
+        ] or [("-",) * 5]
+        rows += [(*claim, *device, r.updated or "-") for device in devices]
+    return _columns(rows)
+
+
+def _columns(rows: Sequence[tuple[str, ...]]) -> str:
+    header = rows[0]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
@@ -53,7 +82,7 @@ def render_table(records: list[ClaimRecord]) -> str:
 
 @click.command()
 @click.option(
-    "-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
+    "-o", "--output", type=click.Choice(["table", "wide", "json", "yaml"]), default="table",
     show_default=True,
 )
 @common_options
@@ -67,8 +96,9 @@ def command(output: str, **kwargs: Any) -> None:
         raise click.ClickException(f"{err}; the agent sets it aside on its next start") from err
     except OSError as err:
         raise click.ClickException(f"cannot read {path}: {err.strerror or err}") from err
-    if output == "table":
-        click.echo(render_table(records) if records else f"no prepared claims ({path})")
+    if output in ("table", "wide"):
+        render = render_wide if output == "wide" else render_table
+        click.echo(render(records) if records else f"no prepared claims ({path})")
         return
     docs = [r.to_json() for r in records]
     if output == "json":

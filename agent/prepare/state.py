@@ -35,7 +35,7 @@ from agent.claims import (
 )
 from agent.claimstatus import NicStatus
 from agent.failpoints import Failpoints, Point, hit
-from agent.metrics import Metrics
+from agent.metrics import ClaimDevice, Metrics
 from agent.opaque import ConfigDecodeError, DeviceConfig, merge_configs
 from agent.prepare.devices import (
     NETDEV_TYPES,
@@ -99,6 +99,24 @@ def _now() -> str:
 def _put(record: ClaimRecord) -> Callable[[dict[str, ClaimRecord]], None]:
     """A checkpoint change that stores ``record`` (bound now, not when the loop moves on)."""
     return lambda claims: claims.__setitem__(record.uid, record)
+
+
+def identified(
+    devices: Sequence[PreparedDevice], pool: str, inventory: dict[str, Device]
+) -> tuple[PreparedDevice, ...]:
+    """``devices`` carrying the identity of the hardware they are prepared on now.
+
+    Called wherever a spec is (re)written from ``inventory``: after a reboot the device of a
+    name may be another card (a swapped GPU keeps its PCI slot, so its name), and the record
+    must name what the container gets. A device not in the inventory keeps what it had.
+    """
+    out = []
+    for held in devices:
+        found = inventory.get(held.device) if held.pool == pool else None
+        out.append(held if found is None else replace(
+            held, uuid=found.host.uuid, if_name=found.host.if_name,
+            pci_address=found.host.pci_address))
+    return tuple(out)
 
 
 def env_key(device_name: str) -> str:
@@ -231,7 +249,8 @@ class DevicePreparer:
                 devices = [self._spec_device(claim, r, inventory)
                            for r in claim.results_for(self.driver)]
                 self._write_spec(ref, devices)
-                fresh = replace(record, boot_id=self.boot_id, updated=_now())
+                fresh = replace(record, boot_id=self.boot_id, updated=_now(),
+                                devices=identified(record.devices, self.pool, inventory))
                 self._checkpoint(ref, _put(fresh))
             except ClaimError as err:
                 failed.append((uid, err.reason))
@@ -260,7 +279,7 @@ class DevicePreparer:
         inventory = self.inventory().by_name()
         spec_devices = [self._spec_device(claim, r, inventory) for r in results]
         check_pod_interfaces(ref, spec_devices)
-        prepared = tuple(self._prepared(ref, r) for r in results)
+        prepared = identified([self._prepared(ref, r) for r in results], self.pool, inventory)
         spec_path = str(self.specs.path(ref.uid))
         cdi_ids = [i for d in prepared for i in d.cdi_ids]
         record = ClaimRecord(
@@ -345,14 +364,17 @@ class DevicePreparer:
         if not self._spec_stale(existing):
             return existing
         spec_missing = bool(existing.devices) and not Path(existing.spec_path).exists()
+        devices = existing.devices
         if existing.devices:
             inventory = self.inventory().by_name()
             self._write_spec(ref, [self._spec_device(claim, r, inventory) for r in results])
+            devices = identified(devices, self.pool, inventory)
         fresh = replace(
-            existing, boot_id=self.boot_id, updated=_now(),
+            existing, boot_id=self.boot_id, updated=_now(), devices=devices,
             allocation=allocation_json(claim, self.driver),
         )
         self._checkpoint(ref, lambda claims: claims.__setitem__(ref.uid, fresh))
+        self._update_gauges()
         log.info(
             "rewrote CDI spec of a prepared claim",
             extra={"claim": ref.uid, "reason": "missing" if spec_missing else "reboot"},
@@ -505,3 +527,12 @@ class DevicePreparer:
         claims = self.checkpoint.claims()
         self.metrics.prepared_claims.set(len(claims))
         self.metrics.prepared_devices.set(sum(len(r.devices) for r in claims.values()))
+        # Rebuilt whole, never incremented: exact after a restart, an unprepare, a recovery.
+        self.metrics.claim_devices.set(
+            ClaimDevice(
+                namespace=r.namespace, claim=r.name, pool=d.pool, device=d.device,
+                uuid=d.uuid or "", pci_bus_id=d.pci_address or "", ifname=d.if_name or "",
+            )
+            for _, r in sorted(claims.items())
+            for d in r.devices
+        )

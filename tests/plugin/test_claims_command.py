@@ -63,3 +63,39 @@ def test_claims_refuses_a_fifo_or_symlink_at_the_checkpoint_without_hanging(node
     code, out = in_thread(lambda: run(node))
     assert code == 1 and "symbolic link" in out
     assert node.checkpoint.is_symlink()  # the command moves nothing
+
+
+def test_claims_wide_is_one_row_per_device_with_its_identity(node: Node) -> None:
+    from dataclasses import replace
+
+    gpu0 = node.inventory[0]
+    node.inventory[0] = replace(gpu0, host=replace(gpu0.host, uuid="GPU-1234"))
+    train = node.book.put(make_claim("train", ["gpu-0", "nic-0"], namespace="ml"))
+    node.prepare(train)
+    uid = train["metadata"]["uid"]
+    code, out = run(node, "-o", "wide")
+    assert code == 0
+    header, *rows = [line.split() for line in out.strip().splitlines()]
+    assert header[:9] == ["NAMESPACE", "NAME", "UID", "STATE", "POOL", "DEVICE", "UUID", "PCI",
+                          "IFNAME"]
+    assert [r[:9] for r in rows] == [
+        ["ml", "train", uid, "PrepareCompleted", "node-a", "gpu-0", "GPU-1234", "0000:18:00.0",
+         "-"],
+        ["ml", "train", uid, "PrepareCompleted", "node-a", "nic-0", "-", "0000:30:00.0", "ens0"],
+    ]
+
+
+def test_claims_wide_prints_no_control_characters_from_the_checkpoint(node: Node) -> None:
+    from dataclasses import replace
+
+    from agent.checkpoint import decode, encode
+
+    node.prepare(node.book.put(make_claim("train", ["nic-0"], namespace="ml")))
+    data = decode(node.checkpoint.read_bytes())
+    node.checkpoint.write_bytes(encode(data.with_claims({
+        uid: replace(r, devices=tuple(replace(d, if_name="\x1b]0;pwned\x07\nrow")
+                                      for d in r.devices))
+        for uid, r in data.claims.items()})))
+    code, out = run(node, "-o", "wide")
+    assert code == 0 and len(out.strip().splitlines()) == 2
+    assert "?]0;pwned??row" in out and "\x1b" not in out
