@@ -404,6 +404,10 @@ def _config(search: Search, classes: Mapping[str, DeviceClass]) -> list[dict[str
         config.extend({"source": "FromClaim", "requests": list(refs), "opaque": dict(opaque)}
                       for _ in range(times))
     if not release.clears_config_for_all:
+        # 1.35 keeps the names a config gave; none given stays none (omitempty on the wire).
+        for entry in config:
+            if not entry["requests"]:
+                entry.pop("requests")
         return config
     for entry in config:
         refs = entry["requests"]

@@ -342,11 +342,180 @@ ALL_SUBREQUEST_ANSWERS: dict[str, Any] = json.loads(r"""
 """)
 
 
+# A claim config naming no request: 1.35's allocator leaves ``requests`` out of the result
+# (omitempty), explain wrote ``requests: []``.
+CLAIM_CONFIG_ALL: dict[str, Any] = json.loads(r"""
+{
+ "node": "node-a",
+ "labels": {
+  "kubernetes.io/hostname": "node-a"
+ },
+ "claim": {
+  "apiVersion": "resource.k8s.io/v1",
+  "kind": "ResourceClaim",
+  "metadata": {
+   "name": "job",
+   "namespace": "default",
+   "uid": "uid-job"
+  },
+  "spec": {
+   "devices": {
+    "requests": [
+     {
+      "name": "r0",
+      "exactly": {
+       "deviceClassName": "class-0",
+       "allocationMode": "ExactCount",
+       "count": 1
+      }
+     }
+    ],
+    "config": [
+     {
+      "opaque": {
+       "driver": "a.example.com",
+       "parameters": {
+        "claim": true
+       }
+      }
+     }
+    ]
+   }
+  }
+ },
+ "classes": [
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "DeviceClass",
+   "metadata": {
+    "name": "class-0"
+   },
+   "spec": {}
+  }
+ ],
+ "slices": [
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "ResourceSlice",
+   "metadata": {
+    "name": "a.example.com-pool-0-a0"
+   },
+   "spec": {
+    "driver": "a.example.com",
+    "nodeName": "node-a",
+    "pool": {
+     "name": "pool-0",
+     "generation": 0,
+     "resourceSliceCount": 1
+    },
+    "devices": [
+     {
+      "name": "dev-0"
+     }
+    ]
+   }
+  }
+ ],
+ "allocated": []
+}
+""")
+CLAIM_CONFIG_ALL_ANSWERS: dict[str, Any] = json.loads(r"""
+{
+ "1.35": {
+  "allocations": {
+   "uid-job": {
+    "devices": {
+     "results": [
+      {
+       "request": "r0",
+       "driver": "a.example.com",
+       "pool": "pool-0",
+       "device": "dev-0"
+      }
+     ],
+     "config": [
+      {
+       "source": "FromClaim",
+       "opaque": {
+        "driver": "a.example.com",
+        "parameters": {
+         "claim": true
+        }
+       }
+      }
+     ]
+    },
+    "nodeSelector": {
+     "nodeSelectorTerms": [
+      {
+       "matchFields": [
+        {
+         "key": "metadata.name",
+         "operator": "In",
+         "values": [
+          "node-a"
+         ]
+        }
+       ]
+      }
+     ]
+    }
+   }
+  }
+ },
+ "1.37": {
+  "allocations": {
+   "uid-job": {
+    "devices": {
+     "results": [
+      {
+       "request": "r0",
+       "driver": "a.example.com",
+       "pool": "pool-0",
+       "device": "dev-0"
+      }
+     ],
+     "config": [
+      {
+       "source": "FromClaim",
+       "opaque": {
+        "driver": "a.example.com",
+        "parameters": {
+         "claim": true
+        }
+       }
+      }
+     ]
+    },
+    "nodeSelector": {
+     "nodeSelectorTerms": [
+      {
+       "matchFields": [
+        {
+         "key": "metadata.name",
+         "operator": "In",
+         "values": [
+          "node-a"
+         ]
+        }
+       ]
+      }
+     ]
+    }
+   }
+  }
+ }
+}
+""")
+
+
 CASES = [
     pytest.param(CLASS_CONFIG, CLASS_CONFIG_ANSWERS, "1.37", id="class-config-1.37"),
     pytest.param(CLASS_CONFIG, CLASS_CONFIG_ANSWERS, "1.35", id="class-config-1.35"),
     pytest.param(ALL_SUBREQUEST, ALL_SUBREQUEST_ANSWERS, "1.37", id="all-subrequest-1.37"),
     pytest.param(ALL_SUBREQUEST, ALL_SUBREQUEST_ANSWERS, "1.35", id="all-subrequest-1.35"),
+    pytest.param(CLAIM_CONFIG_ALL, CLAIM_CONFIG_ALL_ANSWERS, "1.37", id="claim-config-all-1.37"),
+    pytest.param(CLAIM_CONFIG_ALL, CLAIM_CONFIG_ALL_ANSWERS, "1.35", id="claim-config-all-1.35"),
 ]
 
 
