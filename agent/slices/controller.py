@@ -9,6 +9,25 @@ Repair is fast on purpose: an event from someone else (a kubelet wiping the node
 person deleting or editing one) schedules the pool ``event_delay_s`` later, to fold a burst
 of events into one sync. Upstream waits 30 s there. Our own writes never schedule anything:
 the store already holds their answer, so their watch echo is old news.
+
+Errors are retried like upstream's rate-limited work queue: a pool whose sync failed is tried
+again after an exponential back-off, reset only by success. That includes a 422: the slice
+may become acceptable without any change on our side (the server is upgraded, a feature
+gate or admission policy changes), so it is not abandoned. A local validation failure is
+not retried, as upstream: nothing outside the agent can make that content valid.
+
+Deliberate differences from upstream, each with its reason and a test:
+
+* repair after a foreign change waits ``event_delay_s`` (0.1 s, at most ``burst_max_s``,
+  1 s, for a burst) instead of 30 s: a wiped node is allocatable again in about a second.
+  test_controller.py::test_kubelet_wipe_is_repaired_from_the_watch
+* a 422 is retried at most every ``rejected_retry_max_s`` (300 s) instead of upstream's
+  1000 s cap, so a server upgrade that accepts the slice is picked up within five minutes;
+  it is reported (``on_error``, one error line) once per pool content, not on every retry.
+  test_controller.py::test_rejected_pool_is_retried_with_backoff_until_the_server_accepts_it
+* a conflict (409) re-reads the slice and plans again at once, up to ``conflict_retries``
+  times, before backing off; upstream backs off on the first one.
+  test_controller.py::test_conflicts_and_server_errors_are_retried
 """
 
 from __future__ import annotations
@@ -46,6 +65,7 @@ class Timing:
     watch_timeout_s: int = 300  # server-side end of each watch request
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 10.0
+    rejected_retry_max_s: float = 300.0  # the cap on retrying a pool the server refused (422)
     conflict_retries: int = 5  # re-read-and-plan-again rounds per sync before backing off
     stop_poll_s: float = 0.5  # how often a caller's stop_event is looked at
 
@@ -425,9 +445,6 @@ class Controller:
             self._invalid.pop(pool, None)
         elif not self._valid(pool, state):
             return
-        elif self._rejected.get(pool) == state.fingerprint:
-            return  # refused as invalid; wait for the driver to change the pool
-        self._rejected.pop(pool, None)
         try:
             for _ in range(self._timing.conflict_retries):
                 desired = effective(state, self._publisher.accepted) if state else None
@@ -452,10 +469,7 @@ class Controller:
             raise ApiError("SYNC", pool, 409, "Conflict", "the pool kept changing under us")
         except RejectedSliceError as err:
             assert state is not None
-            self._rejected[pool] = state.fingerprint
-            self._metrics.slice_errors.labels(reason="invalid").inc()
-            log.error(str(err), extra={"pool": pool, "slice": err.slice_name})
-            self._report(err)
+            self._rejected_by_server(pool, state, err)
         except ApiError as err:
             self._failed(pool, err)
 
@@ -480,10 +494,31 @@ class Controller:
     def _succeeded(self, pool: str, plan: PoolPlan) -> None:
         if plan.writes:
             self._generations[pool] = plan.generation
-        if pool in self._failing:
+        if pool in self._failing or pool in self._rejected:
             log.info("publishing recovered", extra={"pool": pool})
         self._failing.discard(pool)
+        self._rejected.pop(pool, None)
         self._backoffs.pop(f"pool/{pool}", None)
+        self._backoffs.pop(f"rejected/{pool}", None)
+
+    def _rejected_by_server(self, pool: str, state: PoolState, err: RejectedSliceError) -> None:
+        """Retry later (capped back-off); say it once per content, quietly on each retry."""
+        key = f"rejected/{pool}"
+        if key not in self._backoffs:
+            self._backoffs[key] = Backoff(
+                self._timing.backoff_initial_s, self._timing.rejected_retry_max_s,
+                rng=self._rng,
+            )
+        delay = self._backoffs[key].next()
+        self._retry_later(pool, delay)
+        self._metrics.slice_errors.labels(reason="invalid").inc()
+        fields = {"pool": pool, "slice": err.slice_name, "retry_in_s": round(delay, 2)}
+        if self._rejected.get(pool) == state.fingerprint:
+            log.debug("ResourceSlice still rejected", extra=fields)
+            return
+        self._rejected[pool] = state.fingerprint
+        log.error(str(err), extra=fields)
+        self._report(err)
 
     def _failed(self, pool: str, err: ApiError) -> None:
         delay = self._backoff(f"pool/{pool}").next()

@@ -20,14 +20,14 @@ class SliceError(Exception):
 
 
 class RejectedSliceError(SliceError):
-    """The API server refused a slice as invalid (422); not retried until the pool changes."""
+    """The API server refused a slice as invalid (422); retried with a capped back-off."""
 
     def __init__(self, pool: str, index: int, slice_name: str, error: ApiError) -> None:
         fields = "; ".join(f"{c.field}: {c.message}" for c in error.causes) or error.message
         super().__init__(
             pool,
             f"pool {pool!r} slice #{index} ({slice_name}) rejected by the API server: {fields}; "
-            "the pool stays as it was until the driver publishes a corrected one",
+            "retried with back-off until the server accepts it or the driver corrects it",
         )
         self.index = index
         self.slice_name = slice_name

@@ -38,11 +38,18 @@ class PoolState:
         """Validate and fingerprint once; the state is replaced, never edited, on update."""
         if not self.checked:
             self.problems = validate_pool(driver, self.pool.name, self.model)
+            if not self.pool.has_node_selection:
+                self.problems.append(Problem(
+                    self.pool.name, None, "spec",
+                    "no node selection: without a Node owner the pool needs a node_selector "
+                    "or all_nodes (allNodes is never implied)",
+                ))
             self.slice_fingerprints = tuple(
                 fingerprint([s.devices, s.shared_counters]) for s in self.pool.slices
             )
             self.fingerprint = fingerprint(
-                [self.pool.node_selector, self.pool.generation, list(self.slice_fingerprints)]
+                [self.pool.node_selector, self.pool.all_nodes, self.pool.generation,
+                 list(self.slice_fingerprints)]
             )
             self.checked = True
         return self.problems
@@ -64,7 +71,7 @@ def effective(state: PoolState, accepted: AcceptedContent) -> DesiredPool:
             slices[index] = content
     pool = state.pool
     return DesiredPool(pool.name, tuple(slices), pool.node_name, pool.node_selector,
-                       pool.generation)
+                       pool.generation, pool.all_nodes)
 
 
 def to_desired(resources: DriverResources | None, owner: Owner | None) -> dict[str, PoolState]:

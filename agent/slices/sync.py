@@ -3,14 +3,34 @@
 ``plan_pool`` decides; the controller only executes. Keeping the decision free of I/O makes
 the rules testable one by one (tests/slices/test_sync.py) and keeps the controller small.
 
-The rules follow the upstream controller (research: kubelet-plugin-protocol.md §4.4), with two
-deliberate differences:
+The rules are those of the upstream controller at 1.37 (k8s.io/dynamic-resource-allocation
+resourceslice, ``syncPool``): slices of an older generation, with an index that matches no
+desired slice, or extra copies for one index are obsolete and deleted first; the generation
+is the highest stored one, raised to the driver's ``Pool.generation`` when that is higher,
+and bumped by one whenever a slice has to be created or more than one slice updated (so a new
+pool starts at 1, and one lost slice re-created rewrites the whole pool at a new generation).
+Deletes alone never bump: a pool shrinking from two slices to one keeps its generation.
+There is no implied node selection: a slice carries ``nodeName``, ``nodeSelector`` or
+``allNodes`` only when the pool says so (upstream has required ``AllNodes`` to be explicit
+since 1.36); a pool with none of them is refused by ``PoolState.check`` before any write.
 
-* the generation is bumped only when more than one write is needed (upstream also bumps for a
-  single missing slice, rewriting every slice of the pool to recreate one);
+Deliberate differences, each with its reason and the test that pins it:
+
 * the generation never goes down within a process: ``generation_floor`` carries the last
   generation published, so a pool recreated after a kubelet wipe is newer than what any
-  consumer saw before the wipe.
+  consumer saw before the wipe (upstream starts again at 1).
+  test_sync.py::test_wiped_pool_comes_back_with_a_newer_generation_than_published_before
+* two stored slices for one index: the copy that already holds the desired devices is kept,
+  so the duplicate costs one delete and no update (upstream keeps whichever it saw first).
+  test_sync.py::test_duplicate_for_one_index_keeps_the_matching_copy
+* a slice without our controller reference (UID included) counts as changed and gets it back:
+  garbage collection of the node's slices depends on it (upstream never looks).
+  test_sync.py::test_missing_owner_reference_is_restored
+* a slice whose ``nodeName`` differs from the pool's is obsolete (nodeName is immutable);
+  upstream's informer is filtered by node name, so it never sees such a slice.
+  test_sync.py::test_pool_moving_from_node_local_to_selector_replaces_its_slices
+
+The controller's own differences (repair delay, retrying a 422) are in controller.py.
 """
 
 from __future__ import annotations
@@ -54,13 +74,21 @@ class SliceContent:
 
 @dataclass(frozen=True, slots=True)
 class DesiredPool:
-    """A pool as the planner needs it; exactly one of node_name / node_selector / all_nodes."""
+    """A pool as the planner needs it; exactly one of node_name / node_selector / all_nodes.
+
+    None of them set is not "all nodes": upstream never implies that, and neither do we.
+    """
 
     name: str
     slices: tuple[SliceContent, ...]
     node_name: str | None = None
     node_selector: Mapping[str, Any] | None = None
     generation: int = 0  # the driver's floor (Pool.generation)
+    all_nodes: bool = False
+
+    @property
+    def has_node_selection(self) -> bool:
+        return bool(self.node_name) or self.node_selector is not None or self.all_nodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +161,7 @@ def desired_spec(
         spec["nodeName"] = pool.node_name
     elif pool.node_selector is not None:
         spec["nodeSelector"] = copy_fn(pool.node_selector)
-    else:
+    elif pool.all_nodes:
         spec["allNodes"] = True
     if content.shared_counters:
         # The API forbids devices next to sharedCounters, even an empty list.
@@ -253,24 +281,18 @@ def plan_pool(
         or not owner_ok(obj, owner)
     }
     missing = [i for i in range(len(desired.slices)) if i not in matched]
-    # Deleting a stale copy of an older generation is invisible to consumers; deleting a slice
-    # of the current generation changes the pool they see.
-    visible_deletes = sum(
-        1 for d in obsolete
-        if any(o.get("metadata", {}).get("name") == d.name and _generation(o) == max_generation
-               for o in existing)
-    )
-    writes = len(changed) + len(missing) + visible_deletes
 
     bumped = True
     if desired.generation > base:
         generation = desired.generation
-    elif writes > 1:
-        # Consumers only trust a pool whose slices all carry its highest generation, so a
-        # multi-write change is never seen half done.
-        generation = base + 1
-    else:
+    elif not missing and len(changed) <= 1:
+        # At most one update call: consumers see the pool either before or after it, never
+        # half done. Deleting obsolete slices does not count (upstream's rule).
         generation, bumped = base, False
+    else:
+        # Consumers only trust a pool whose slices all carry its highest generation; a new
+        # generation on every slice makes a multi-write change (or a create) atomic to them.
+        generation = base + 1
 
     updates: list[Update] = []
     for index in sorted(matched):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from kubernetes import client as k8s
@@ -17,7 +18,7 @@ from agent.slices import (
 )
 from discovery.model import Pool, Slice
 from tests.fakes.apiserver import FakeAPIServer
-from tests.slices.conftest import Harness, our_slices, slice_threads, writes
+from tests.slices.conftest import FAST, Harness, our_slices, slice_threads, writes
 from tests.slices.helpers import DRIVER, NODE, device, devices, pool_of, resources
 from tests.waiting import wait_for
 
@@ -45,7 +46,7 @@ def test_create_publishes_the_pool_owned_by_the_node(srv: FakeAPIServer, harness
         {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}
     ]
     assert obj["spec"]["nodeName"] == NODE
-    assert obj["spec"]["pool"] == {"name": NODE, "generation": 0, "resourceSliceCount": 1}
+    assert obj["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
     assert device_names([obj]) == [f"gpu-{i}" for i in range(8)]
     assert harness.metric("dra_agent_resourceslice_writes_total", verb="create", result="ok") == 1
     assert harness.metric("dra_agent_last_successful_publish_timestamp_seconds") > 0
@@ -91,7 +92,7 @@ def test_split_of_2048_devices_into_16_slices_and_back(
     objs = our_slices(srv)
     assert len(objs) == 16
     assert device_names(objs) == [f"gpu-{i}" for i in range(2048)]
-    assert {o["spec"]["pool"]["generation"] for o in objs} == {1}
+    assert {o["spec"]["pool"]["generation"] for o in objs} == {2}  # 1 at the start, creates bump
     assert {o["spec"]["pool"]["resourceSliceCount"] for o in objs} == {16}
     assert sorted(o["metadata"]["name"][:6] for o in objs) == [f"{i:05x}-" for i in range(16)]
 
@@ -99,6 +100,7 @@ def test_split_of_2048_devices_into_16_slices_and_back(
     c.update(resources(node1=pool_of(8)))
     assert c.synced(10)
     (obj,) = our_slices(srv)
+    # Shrinking is deletes and one update: the generation stays (upstream's rule).
     assert obj["spec"]["pool"] == {"name": NODE, "generation": 2, "resourceSliceCount": 1}
     verbs = [w[0] for w in writes(srv)]
     assert verbs.index("update") > max(i for i, v in enumerate(verbs) if v == "delete")
@@ -152,15 +154,20 @@ def test_kubelet_wipe_is_repaired_from_the_watch(srv: FakeAPIServer, harness: Ha
     assert [w[0] for w in writes(srv)] == ["create", "create"]
 
 
-def test_one_deleted_slice_is_recreated_alone(srv: FakeAPIServer, harness: Harness) -> None:
+def test_one_deleted_slice_is_recreated_at_a_new_generation(
+    srv: FakeAPIServer, harness: Harness
+) -> None:
     c = harness.start(srv, resources(node1=pool_of(384)))
     assert c.synced(10)
+    generation = our_slices(srv)[0]["spec"]["pool"]["generation"]
     victim = sorted(o["metadata"]["name"] for o in our_slices(srv))[1]
     srv.clear_requests()
     k8s.ResourceV1Api(srv.api_client()).delete_resource_slice(victim)
     wait_for(lambda: len(our_slices(srv)) == 3, what="slice back")
     assert c.synced(10)
-    assert [w[0] for w in writes(srv)] == ["delete", "create"]  # ours: just the create
+    # Upstream's rule: a create bumps the generation, so every slice is rewritten with it.
+    assert [w[0] for w in writes(srv)] == ["delete", "update", "update", "create"]
+    assert {o["spec"]["pool"]["generation"] for o in our_slices(srv)} == {generation + 1}
     assert sorted(o["metadata"]["name"] for o in our_slices(srv))[1].startswith("00001-")
 
 
@@ -282,17 +289,50 @@ def test_server_rejection_is_reported_once_and_other_pools_publish(
 ) -> None:
     srv.fail_next(1, 422, verb="create")
     c = harness.start(srv, resources(aaa=pool_of(2), node1=pool_of(2)))
-    wait_for(lambda: len(our_slices(srv)) == 1, what="the good pool")
-    time.sleep(0.4)
-    assert [o["spec"]["pool"]["name"] for o in our_slices(srv)] == ["node1"]
+    assert c.synced(10)  # the refused pool was retried, and the server took it this time
+    assert sorted(o["spec"]["pool"]["name"] for o in our_slices(srv)) == ["aaa", "node1"]
     (err,) = harness.errors_of(RejectedSliceError)
     assert err.pool == "aaa" and "slice #0" in str(err)
-    assert [w[0] for w in writes(srv)] == ["create", "create"]  # no retry loop
+    assert [(w[0], w[2]) for w in writes(srv)] == [("create", 422), ("create", 201),
+                                                   ("create", 201)]
     assert harness.metric("dra_agent_resourceslice_errors_total", reason="invalid") == 1
-    assert not c.synced(0)
-    c.update(resources(aaa=pool_of(3), node1=pool_of(2)))  # a new pool content is tried again
+
+
+def test_rejected_pool_is_retried_with_backoff_until_the_server_accepts_it(
+    srv: FakeAPIServer, harness: Harness, caplog: Any
+) -> None:
+    caplog.set_level("DEBUG", logger="agent.slices")
+    srv.fail_next(4, 422, verb="create")
+    timing = replace(FAST, rejected_retry_max_s=0.1)
+    c = harness.start(srv, resources(node1=pool_of(2)), timing=timing)
     assert c.synced(10)
-    assert len(our_slices(srv)) == 2
+    assert [w[2] for w in writes(srv)] == [422, 422, 422, 422, 201]
+    assert len(harness.errors_of(RejectedSliceError)) == 1  # said once per content
+    assert harness.metric("dra_agent_resourceslice_errors_total", reason="invalid") == 4
+    rejected = [r for r in caplog.records if "rejected" in r.getMessage()]
+    assert [r.levelname for r in rejected] == ["ERROR", "DEBUG", "DEBUG", "DEBUG"]
+    delays = [r.__dict__["retry_in_s"] for r in rejected]
+    assert all(0 < d <= 0.1 for d in delays), delays  # the cap holds
+    assert any("publishing recovered" in r.getMessage() for r in caplog.records)
+
+
+def test_pool_without_node_selection_is_refused_before_any_write(
+    srv: FakeAPIServer, harness: Harness
+) -> None:
+    owner = Owner(kind="ConfigMap", name="cfg", api_version="v1", uid="cfg-uid")
+    c = harness.start(srv, resources(shared=pool_of(2)), owner)
+    wait_for(lambda: harness.errors, what="an error")
+    (err,) = harness.errors_of(PoolValidationError)
+    assert str(err) == (
+        "pool 'shared' is not publishable: pool 'shared': spec: no node selection: without a "
+        "Node owner the pool needs a node_selector or all_nodes (allNodes is never implied)")
+    assert "\n" not in str(err) and writes(srv) == [] and not c.synced(0)
+    selector = {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "rack", "operator": "In", "values": ["r1"]}]}]}
+    c.update(resources(shared=Pool(pool_of(2).slices, node_selector=selector)))
+    assert c.synced(10)
+    (published,) = our_slices(srv)
+    assert published["spec"]["nodeSelector"] == selector and "allNodes" not in published["spec"]
 
 
 def test_local_limits_stop_a_pool_before_any_write(srv: FakeAPIServer, harness: Harness) -> None:

@@ -51,14 +51,15 @@ def converge(pool: DesiredPool, existing: list[dict[str, Any]] | None = None) ->
 def test_new_pool_creates_one_slice_with_everything_set() -> None:
     p = plan(desired(8), [])
     (create,) = p.creates
-    assert not p.deletes and not p.updates and not p.bumped
+    assert not p.deletes and not p.updates and p.bumped
     meta, spec = create.obj["metadata"], create.obj["spec"]
     assert meta["generateName"] == "00000-dra-agent.io-node1-"
     assert meta["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "uid-1", "controller": True}
     ]
     assert spec["driver"] == DRIVER and spec["nodeName"] == NODE
-    assert spec["pool"] == {"name": NODE, "generation": 0, "resourceSliceCount": 1}
+    # A new pool starts at generation 1, as upstream's (a create always bumps).
+    assert spec["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
     assert len(spec["devices"]) == 8
 
 
@@ -94,21 +95,42 @@ def test_split_into_16_slices_and_back() -> None:
     state = converge(desired(8))
     big = desired(*[128] * 16)
     p = plan(big, state)
-    assert len(p.updates) == 1 and len(p.creates) == 15 and p.generation == 1
+    assert len(p.updates) == 1 and len(p.creates) == 15 and p.generation == 2
     state = converge(big, state)
     assert len(state) == 16
     assert [o["metadata"]["name"][:5] for o in state] == [f"{i:05x}" for i in range(16)]
     p = plan(desired(8), state)
-    assert len(p.deletes) == 15 and len(p.updates) == 1 and p.generation == 2
+    # Deletes never bump: one update is all the remaining slice needs (upstream's rule).
+    assert len(p.deletes) == 15 and len(p.updates) == 1 and p.generation == 2 and not p.bumped
     state = converge(desired(8), state)
     assert len(state) == 1 and state[0]["spec"]["pool"]["resourceSliceCount"] == 1
 
 
-def test_a_single_missing_slice_is_recreated_alone() -> None:
+def test_a_single_missing_slice_is_recreated_at_a_new_generation_on_every_slice() -> None:
     state = converge(desired(128, 128, 128))
     del state[1]
     p = plan(desired(128, 128, 128), state)
-    assert [c.index for c in p.creates] == [1] and not p.updates and not p.bumped
+    assert [c.index for c in p.creates] == [1] and [u.index for u in p.updates] == [0, 2]
+    assert p.bumped and p.generation == 2
+
+
+def test_pool_shrinking_from_two_slices_to_one_keeps_its_generation() -> None:
+    state = converge(desired(8, 8))
+    p = plan(desired(8), state)
+    assert len(p.deletes) == 1 and [u.index for u in p.updates] == [0] and not p.creates
+    assert not p.bumped and p.generation == 1
+    assert p.updates[0].obj["spec"]["pool"] == {
+        "name": NODE, "generation": 1, "resourceSliceCount": 1}
+
+
+def test_two_changed_slices_bump_one_does_not() -> None:
+    state = converge(desired(8, 8))
+    one = desired(8, 8)
+    edited = [{**d, "attributes": {"index": {"int": -1}}} for d in one.slices[1].devices]
+    p = plan(DesiredPool(NODE, (one.slices[0], SliceContent(tuple(edited))), NODE), state)
+    assert not p.bumped and [u.index for u in p.updates] == [1]
+    p = plan(DesiredPool(NODE, (SliceContent(tuple(edited)), one.slices[0]), NODE), state)
+    assert p.bumped and p.generation == 2 and [u.index for u in p.updates] == [0, 1]
 
 
 def test_wiped_pool_comes_back_with_a_newer_generation_than_published_before() -> None:
@@ -203,12 +225,16 @@ def test_pool_moving_from_node_local_to_selector_replaces_its_slices() -> None:
     assert p.deletes[0].reason == "node selection changed" and len(p.creates) == 1
 
 
-def test_no_owner_publishes_for_all_nodes() -> None:
-    pool = DesiredPool("shared", (SliceContent(tuple(devices(1))),))
+def test_all_nodes_is_published_only_when_asked_for() -> None:
+    pool = DesiredPool("shared", (SliceContent(tuple(devices(1))),), all_nodes=True)
     (create,) = plan_pool(DRIVER, "shared", pool, [], None).creates
     assert create.obj["spec"]["allNodes"] is True
     assert "ownerReferences" not in create.obj["metadata"]
     assert create.obj["metadata"]["generateName"] == "00000-dra-agent.io-"
+    implied = DesiredPool("shared", pool.slices)
+    assert not implied.has_node_selection
+    spec = plan_pool(DRIVER, "shared", implied, [], None).creates[0].obj["spec"]
+    assert not {"allNodes", "nodeName", "nodeSelector"} & set(spec)
 
 
 def test_counter_slice_carries_no_devices_field() -> None:
