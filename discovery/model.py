@@ -133,12 +133,14 @@ class Pool:
 
     ``generation`` is a floor: the controller bumps it whenever a change needs more than one
     write. ``node_selector`` (a v1 NodeSelector dict) replaces the Node owner for
-    network-attached devices.
+    network-attached devices; ``all_nodes`` says so for devices every node reaches (never
+    implied by the absence of the other two, as upstream's controller does not either).
     """
 
     slices: tuple[Slice, ...]
     node_selector: Mapping[str, Any] | None = None
     generation: int = 0
+    all_nodes: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,8 +84,9 @@ def to_desired(resources: DriverResources | None, owner: Owner | None) -> dict[s
         desired = DesiredPool(
             name=name,
             slices=tuple(SliceContent(s.devices, s.shared_counters) for s in pool.slices),
-            node_name=node_name if pool.node_selector is None else None,
+            node_name=node_name if pool.node_selector is None and not pool.all_nodes else None,
             node_selector=pool.node_selector,
+            all_nodes=pool.all_nodes,
             generation=pool.generation,
         )
         out[name] = PoolState(desired, pool)

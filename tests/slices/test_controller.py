@@ -333,6 +333,12 @@ def test_pool_without_node_selection_is_refused_before_any_write(
     assert c.synced(10)
     (published,) = our_slices(srv)
     assert published["spec"]["nodeSelector"] == selector and "allNodes" not in published["spec"]
+    # Asked for explicitly, allNodes is published (and only then).
+    c.update(resources(shared=Pool(pool_of(2).slices, all_nodes=True)))
+    wait_for(lambda: [s["spec"].get("allNodes") for s in our_slices(srv)] == [True],
+             what="the pool published for all nodes")
+    (published,) = our_slices(srv)
+    assert "nodeSelector" not in published["spec"] and "nodeName" not in published["spec"]
 
 
 def test_local_limits_stop_a_pool_before_any_write(srv: FakeAPIServer, harness: Harness) -> None:
