@@ -65,6 +65,9 @@ class Entry:
     slice_node_name: str
     slice_node_selector: Any
     per_device: bool
+    #: Consumes counters while DRAPartitionableDevices is off: selectable, so it counts for an
+    #: ``All`` request, but never allocated (upstream's allocateDevice refuses it).
+    counters_off: bool = False
 
 
 @dataclass(slots=True)
@@ -275,6 +278,10 @@ class Search:
         reason = self.in_use(rd, did, multi)
         if reason is not None:
             self._note(rd, did, reason)
+            return None
+        if entry.counters_off:
+            self._note(rd, did, Reason(COUNTERS, "consumes counters, but the "
+                                       "DRAPartitionableDevices feature is off"))
             return None
         took_counters = False
         if device.consumes and not (multi and self._capacity_in_use(did)):

@@ -49,18 +49,20 @@ def _entries(pools: Sequence[PoolView], features: Features) -> list[Entry]:
             continue
         for s in pool.slices:
             for published in s.devices:
-                # Devices the allocator never selects with a gate off (isSelectable, and
-                # allocateDevice for counters) are left out; fields it ignores are cleared.
+                # Devices the allocator never selects with a gate off (isSelectable) are left
+                # out; fields it ignores are cleared. One that consumes counters with
+                # DRAPartitionableDevices off stays selectable (an All request counts it) but
+                # is never allocated (allocateDevice refuses it).
                 d = published
-                if d.consumes and not features.partitionable_devices:
-                    continue
+                counters_off = bool(d.consumes) and not features.partitionable_devices
                 if d.binding_conditions and not features.binding_and_status:
                     continue
                 if d.taints and not features.device_taints:
                     d = replace(d, taints=())
                 if d.allow_multiple and not features.consumable_capacity:
                     d = replace(d, allow_multiple=False)
-                out.append(Entry(len(out), d, pool, s.node_name, s.node_selector, s.per_device))
+                out.append(Entry(len(out), d, pool, s.node_name, s.node_selector, s.per_device,
+                                 counters_off))
     return out
 
 
