@@ -30,6 +30,8 @@ from tests.explain.differential import (
 from tests.realk8s.cluster import bin_dir
 
 CASES = 2000  # per minor; with other gate settings too, a quarter goes to those
+#: How often a 1.35 answer that depends on Go map order is asked again (2 pools: 1 in 2 orders).
+ORDER_RETRIES = 12
 
 
 class Allocate:
@@ -59,7 +61,7 @@ class Allocate:
 
 def _run(features: Features, allocate: Allocate, n: int) -> None:
     minor = features.minor
-    seen = {"cases": 0, "fits": 0, "errors": 0, "exact": 0, "pods": 0}
+    seen = {"cases": 0, "fits": 0, "errors": 0, "exact": 0, "pods": 0, "reordered": 0}
     start = time.monotonic()
 
     @settings(max_examples=n, deadline=None, database=None,
@@ -81,6 +83,17 @@ def _run(features: Features, allocate: Allocate, n: int) -> None:
         seen["exact"] += exact
         seen["pods"] += len(uids_of(case)) > 1
         diff = compare(expected, got, exact)
+        if diff is not None and not exact:
+            # 1.35 with several pools: the allocator walks them in Go map order, which changes
+            # from call to call, and a search aborted by a CEL runtime error (or the device it
+            # stops at) depends on that order, so one input has several right answers. Explain
+            # must give one the allocator gives; asking again draws other orders.
+            for _ in range(ORDER_RETRIES):
+                again = answer_of_allocator(allocate(line), uids_of(case))
+                if compare(again, got, exact) is None:
+                    seen["reordered"] += 1
+                    diff = None
+                    break
         assert diff is None, (f"{diff}\nallocator reply: {json.dumps(reply)}\n"
                               f"case (allocate input): {line}")
 
@@ -88,7 +101,8 @@ def _run(features: Features, allocate: Allocate, n: int) -> None:
     took = time.monotonic() - start
     print(f"\nexplain vs allocate {minor} {features.gates or '(default gates)'}: "
           f"{seen['cases']} cases ({seen['fits']} fit, {seen['errors']} allocator errors; "
-          f"exact choice compared in {seen['exact']}; {seen['pods']} of several claims) "
+          f"exact choice compared in {seen['exact']}; {seen['pods']} of several claims; "
+          f"{seen['reordered']} matched another pool order) "
           f"in {took:.1f} s")
     assert seen["cases"] >= n
 
