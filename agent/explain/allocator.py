@@ -254,6 +254,17 @@ class Search:
                                   {"counterSet": set_name, "counter": cname,
                                    "needed": format_quantity(value),
                                    "left": format_quantity(left)})
+        # Upstream then checks every counter set of the pool, not only the device's: a set
+        # already overdrawn by allocated devices (a driver shrank it) refuses every device
+        # that consumes counters in the pool.
+        for set_name, have_counters in avail.items():
+            for cname, have in have_counters.items():
+                taken = used.get(set_name, {}).get(cname, Fraction(0))
+                if have < taken:
+                    return Reason(COUNTERS, f"counter {set_name}/{cname} of the pool is "
+                                  f"overdrawn ({format_quantity(have - taken)} left)",
+                                  {"counterSet": set_name, "counter": cname,
+                                   "left": format_quantity(have - taken)})
         if commit:
             self._add_counters(entry, 1)
         return None

@@ -767,6 +767,300 @@ COUNTERS_OFF_ALL_ANSWERS: dict[str, Any] = json.loads(r"""
 """)
 
 
+# 1.37: a counter set already overdrawn by an allocated device (cs0: 1 available, dev-2 holds
+# 2) makes the allocator refuse every device of the pool that consumes counters, dev-3 (cs1
+# only) included: it checks all the pool's counter sets. explain checked the device's own.
+OVERDRAWN_COUNTER_SET: dict[str, Any] = json.loads(r"""
+{
+ "node": "node-a",
+ "labels": {
+  "kubernetes.io/hostname": "node-a",
+  "zone": "z1"
+ },
+ "claim": {
+  "apiVersion": "resource.k8s.io/v1",
+  "kind": "ResourceClaim",
+  "metadata": {
+   "name": "job-0",
+   "namespace": "default",
+   "uid": "uid-job-0"
+  },
+  "spec": {
+   "devices": {
+    "requests": [
+     {
+      "name": "r0",
+      "exactly": {
+       "deviceClassName": "class-0",
+       "allocationMode": "ExactCount",
+       "count": 1,
+       "capacity": {
+        "requests": {
+         "memory": "1Gi"
+        }
+       }
+      }
+     }
+    ]
+   }
+  }
+ },
+ "classes": [
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "DeviceClass",
+   "metadata": {
+    "name": "class-0"
+   },
+   "spec": {}
+  },
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "DeviceClass",
+   "metadata": {
+    "name": "class-1"
+   },
+   "spec": {}
+  }
+ ],
+ "slices": [
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "ResourceSlice",
+   "metadata": {
+    "name": "a.example.com-pool-0-a0"
+   },
+   "spec": {
+    "driver": "a.example.com",
+    "nodeName": "node-a",
+    "pool": {
+     "name": "pool-0",
+     "generation": 0,
+     "resourceSliceCount": 3
+    },
+    "sharedCounters": [
+     {
+      "name": "cs0",
+      "counters": {
+       "mem": {
+        "value": "1"
+       }
+      }
+     },
+     {
+      "name": "cs1",
+      "counters": {
+       "mem": {
+        "value": "1"
+       }
+      }
+     }
+    ]
+   }
+  },
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "ResourceSlice",
+   "metadata": {
+    "name": "a.example.com-pool-0-a2"
+   },
+   "spec": {
+    "driver": "a.example.com",
+    "nodeName": "node-a",
+    "pool": {
+     "name": "pool-0",
+     "generation": 0,
+     "resourceSliceCount": 3
+    },
+    "devices": [
+     {
+      "name": "dev-2",
+      "allowMultipleAllocations": true,
+      "capacity": {
+       "memory": {
+        "value": "8Gi"
+       }
+      },
+      "consumesCounters": [
+       {
+        "counterSet": "cs0",
+        "counters": {
+         "mem": {
+          "value": "2"
+         }
+        }
+       }
+      ]
+     },
+     {
+      "name": "dev-3",
+      "allowMultipleAllocations": true,
+      "capacity": {
+       "memory": {
+        "value": "8Gi"
+       }
+      },
+      "consumesCounters": [
+       {
+        "counterSet": "cs1",
+        "counters": {
+         "mem": {
+          "value": "1"
+         }
+        }
+       }
+      ]
+     },
+     {
+      "name": "dev-4",
+      "allowMultipleAllocations": true,
+      "capacity": {
+       "memory": {
+        "value": "8Gi"
+       }
+      }
+     }
+    ]
+   }
+  },
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "ResourceSlice",
+   "metadata": {
+    "name": "a.example.com-pool-0-a1"
+   },
+   "spec": {
+    "driver": "a.example.com",
+    "nodeName": "node-a",
+    "pool": {
+     "name": "pool-0",
+     "generation": 0,
+     "resourceSliceCount": 3
+    },
+    "devices": [
+     {
+      "name": "dev-0",
+      "allowMultipleAllocations": true,
+      "capacity": {
+       "memory": {
+        "value": "8Gi"
+       }
+      },
+      "taints": [
+       {
+        "key": "k1",
+        "value": "",
+        "effect": "NoSchedule"
+       }
+      ]
+     },
+     {
+      "name": "dev-1",
+      "allowMultipleAllocations": true,
+      "capacity": {
+       "memory": {
+        "value": "8Gi"
+       }
+      },
+      "consumesCounters": [
+       {
+        "counterSet": "cs0",
+        "counters": {
+         "mem": {
+          "value": "1"
+         }
+        }
+       }
+      ]
+     }
+    ]
+   }
+  },
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "ResourceSlice",
+   "metadata": {
+    "name": "a.example.com-pool-1-a0"
+   },
+   "spec": {
+    "driver": "a.example.com",
+    "nodeName": "node-a",
+    "pool": {
+     "name": "pool-1",
+     "generation": 0,
+     "resourceSliceCount": 1
+    },
+    "devices": [
+     {
+      "name": "dev-0",
+      "allowMultipleAllocations": true,
+      "capacity": {
+       "memory": {
+        "value": "8Gi"
+       }
+      },
+      "taints": [
+       {
+        "key": "k1",
+        "value": "",
+        "effect": "NoSchedule"
+       }
+      ]
+     }
+    ]
+   }
+  }
+ ],
+ "allocated": [
+  {
+   "driver": "a.example.com",
+   "pool": "pool-0",
+   "device": "dev-2"
+  }
+ ]
+}
+""")
+OVERDRAWN_COUNTER_SET_ANSWERS: dict[str, Any] = json.loads(r"""
+{
+ "1.37": {
+  "allocations": {
+   "uid-job-0": {
+    "devices": {
+     "results": [
+      {
+       "request": "r0",
+       "driver": "a.example.com",
+       "pool": "pool-0",
+       "device": "dev-4",
+       "shareID": "613ca675-f0fd-4dac-a118-06a3f932fe5c",
+       "consumedCapacity": {
+        "memory": "1Gi"
+       }
+      }
+     ]
+    },
+    "nodeSelector": {
+     "nodeSelectorTerms": [
+      {
+       "matchFields": [
+        {
+         "key": "metadata.name",
+         "operator": "In",
+         "values": [
+          "node-a"
+         ]
+        }
+       ]
+      }
+     ]
+    }
+   }
+  }
+ }
+}
+""")
+
+
 CASES = [
     pytest.param(CLASS_CONFIG, CLASS_CONFIG_ANSWERS, "1.37", id="class-config-1.37"),
     pytest.param(CLASS_CONFIG, CLASS_CONFIG_ANSWERS, "1.35", id="class-config-1.35"),
@@ -776,6 +1070,8 @@ CASES = [
     pytest.param(CLAIM_CONFIG_ALL, CLAIM_CONFIG_ALL_ANSWERS, "1.35", id="claim-config-all-1.35"),
     pytest.param(COUNTERS_OFF_ALL, COUNTERS_OFF_ALL_ANSWERS, "1.37", id="counters-off-all-1.37"),
     pytest.param(COUNTERS_OFF_ALL, COUNTERS_OFF_ALL_ANSWERS, "1.35", id="counters-off-all-1.35"),
+    pytest.param(OVERDRAWN_COUNTER_SET, OVERDRAWN_COUNTER_SET_ANSWERS, "1.37",
+                 id="overdrawn-counter-set-1.37"),
 ]
 
 
