@@ -324,8 +324,13 @@ class Search:
                 self._add_counters(entry, -1)
             self._note(rd, did, reason)
             return None
-        if not multi:
+        # An admin-access request may take a device another claim of the pod already holds;
+        # that hold must survive this request's undo, so only a hold we made is undone.
+        holds = not multi and did not in self.allocating
+        owns = not multi and did not in self.own
+        if holds:
             self.allocating[did] = self.prefix + req.name
+        if owns:
             self.own.add(did)
         result = Result(req, entry)
         if multi:
@@ -340,8 +345,9 @@ class Search:
         def undo() -> None:
             for t in added:
                 t.remove(req.base, req.sub, device)
-            if not multi:
+            if holds:
                 self.allocating.pop(did, None)
+            if owns:
                 self.own.discard(did)
             if result.consumed:
                 agg = self.allocating_capacity[did]

@@ -1061,6 +1061,311 @@ OVERDRAWN_COUNTER_SET_ANSWERS: dict[str, Any] = json.loads(r"""
 """)
 
 
+# Two claims of one pod: job-0 takes all three devices; job-1's admin-access request may share
+# one, its other request cannot. explain's undo of the admin-access choice dropped job-0's hold,
+# so the other request then took a device job-0 held, and the pod "fitted".
+ADMIN_UNDO_KEEPS_HOLD: dict[str, Any] = json.loads(r"""
+{
+ "node": "node-a",
+ "labels": {
+  "kubernetes.io/hostname": "node-a",
+  "zone": "z1"
+ },
+ "claims": [
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "ResourceClaim",
+   "metadata": {
+    "name": "job-0",
+    "namespace": "default",
+    "uid": "uid-job-0"
+   },
+   "spec": {
+    "devices": {
+     "requests": [
+      {
+       "name": "r0",
+       "exactly": {
+        "deviceClassName": "class-0",
+        "allocationMode": "All"
+       }
+      }
+     ]
+    }
+   }
+  },
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "ResourceClaim",
+   "metadata": {
+    "name": "job-1",
+    "namespace": "default",
+    "uid": "uid-job-1"
+   },
+   "spec": {
+    "devices": {
+     "requests": [
+      {
+       "name": "r0",
+       "exactly": {
+        "deviceClassName": "class-0",
+        "allocationMode": "ExactCount",
+        "count": 1,
+        "adminAccess": true,
+        "capacity": {
+         "requests": {
+          "memory": "1Gi"
+         }
+        }
+       }
+      },
+      {
+       "name": "r1",
+       "exactly": {
+        "deviceClassName": "class-0",
+        "allocationMode": "ExactCount",
+        "count": 1
+       }
+      }
+     ]
+    }
+   }
+  }
+ ],
+ "classes": [
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "DeviceClass",
+   "metadata": {
+    "name": "class-0"
+   },
+   "spec": {}
+  },
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "DeviceClass",
+   "metadata": {
+    "name": "class-1"
+   },
+   "spec": {}
+  }
+ ],
+ "slices": [
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "ResourceSlice",
+   "metadata": {
+    "name": "a.example.com-pool-0-a0"
+   },
+   "spec": {
+    "driver": "a.example.com",
+    "nodeName": "node-a",
+    "pool": {
+     "name": "pool-0",
+     "generation": 0,
+     "resourceSliceCount": 2
+    },
+    "sharedCounters": [
+     {
+      "name": "cs0",
+      "counters": {
+       "mem": {
+        "value": "1"
+       }
+      }
+     },
+     {
+      "name": "cs1",
+      "counters": {
+       "mem": {
+        "value": "1"
+       }
+      }
+     }
+    ]
+   }
+  },
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "ResourceSlice",
+   "metadata": {
+    "name": "a.example.com-pool-0-a1"
+   },
+   "spec": {
+    "driver": "a.example.com",
+    "nodeName": "node-a",
+    "pool": {
+     "name": "pool-0",
+     "generation": 0,
+     "resourceSliceCount": 2
+    },
+    "devices": [
+     {
+      "name": "dev-0",
+      "allowMultipleAllocations": true,
+      "capacity": {
+       "memory": {
+        "value": "8Gi"
+       }
+      },
+      "taints": [
+       {
+        "key": "k1",
+        "value": "",
+        "effect": "NoSchedule"
+       }
+      ]
+     }
+    ]
+   }
+  },
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "ResourceSlice",
+   "metadata": {
+    "name": "a.example.com-pool-1-a0"
+   },
+   "spec": {
+    "driver": "a.example.com",
+    "nodeName": "node-a",
+    "pool": {
+     "name": "pool-1",
+     "generation": 0,
+     "resourceSliceCount": 2
+    },
+    "sharedCounters": [
+     {
+      "name": "cs0",
+      "counters": {
+       "mem": {
+        "value": "1"
+       }
+      }
+     },
+     {
+      "name": "cs1",
+      "counters": {
+       "mem": {
+        "value": "1"
+       }
+      }
+     }
+    ]
+   }
+  },
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "ResourceSlice",
+   "metadata": {
+    "name": "a.example.com-pool-1-a1"
+   },
+   "spec": {
+    "driver": "a.example.com",
+    "nodeName": "node-a",
+    "pool": {
+     "name": "pool-1",
+     "generation": 0,
+     "resourceSliceCount": 2
+    },
+    "devices": [
+     {
+      "name": "dev-0",
+      "allowMultipleAllocations": true,
+      "capacity": {
+       "memory": {
+        "value": "8Gi"
+       }
+      }
+     }
+    ]
+   }
+  },
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "ResourceSlice",
+   "metadata": {
+    "name": "a.example.com-pool-2-a0"
+   },
+   "spec": {
+    "driver": "a.example.com",
+    "nodeName": "node-a",
+    "pool": {
+     "name": "pool-2",
+     "generation": 0,
+     "resourceSliceCount": 2
+    },
+    "sharedCounters": [
+     {
+      "name": "cs0",
+      "counters": {
+       "mem": {
+        "value": "1"
+       }
+      }
+     },
+     {
+      "name": "cs1",
+      "counters": {
+       "mem": {
+        "value": "1"
+       }
+      }
+     }
+    ]
+   }
+  },
+  {
+   "apiVersion": "resource.k8s.io/v1",
+   "kind": "ResourceSlice",
+   "metadata": {
+    "name": "a.example.com-pool-2-a1"
+   },
+   "spec": {
+    "driver": "a.example.com",
+    "nodeName": "node-a",
+    "pool": {
+     "name": "pool-2",
+     "generation": 0,
+     "resourceSliceCount": 2
+    },
+    "devices": [
+     {
+      "name": "dev-0",
+      "allowMultipleAllocations": true,
+      "capacity": {
+       "memory": {
+        "value": "8Gi"
+       }
+      },
+      "taints": [
+       {
+        "key": "k1",
+        "value": "",
+        "effect": "NoSchedule"
+       }
+      ]
+     }
+    ]
+   }
+  }
+ ],
+ "allocated": []
+}
+""")
+ADMIN_UNDO_KEEPS_HOLD_ANSWERS: dict[str, Any] = json.loads(r"""
+{
+ "1.35": {
+  "unschedulable": true,
+  "error": "cannot allocate all claims"
+ },
+ "1.37": {
+  "unschedulable": true,
+  "error": "cannot allocate all claims"
+ }
+}
+""")
+
+
 CASES = [
     pytest.param(CLASS_CONFIG, CLASS_CONFIG_ANSWERS, "1.37", id="class-config-1.37"),
     pytest.param(CLASS_CONFIG, CLASS_CONFIG_ANSWERS, "1.35", id="class-config-1.35"),
@@ -1072,6 +1377,10 @@ CASES = [
     pytest.param(COUNTERS_OFF_ALL, COUNTERS_OFF_ALL_ANSWERS, "1.35", id="counters-off-all-1.35"),
     pytest.param(OVERDRAWN_COUNTER_SET, OVERDRAWN_COUNTER_SET_ANSWERS, "1.37",
                  id="overdrawn-counter-set-1.37"),
+    pytest.param(ADMIN_UNDO_KEEPS_HOLD, ADMIN_UNDO_KEEPS_HOLD_ANSWERS, "1.37",
+                 id="admin-undo-keeps-hold-1.37"),
+    pytest.param(ADMIN_UNDO_KEEPS_HOLD, ADMIN_UNDO_KEEPS_HOLD_ANSWERS, "1.35",
+                 id="admin-undo-keeps-hold-1.35"),
 ]
 
 

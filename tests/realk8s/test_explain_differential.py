@@ -9,6 +9,7 @@ tests/explain/test_allocator_agreement.py once its cause is known.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from typing import Any
@@ -61,17 +62,27 @@ class Allocate:
 
 def _run(features: Features, allocate: Allocate, n: int) -> None:
     minor = features.minor
-    seen = {"cases": 0, "fits": 0, "errors": 0, "exact": 0, "pods": 0, "reordered": 0}
+    seen = {"cases": 0, "fits": 0, "errors": 0, "exact": 0, "pods": 0, "reordered": 0,
+            "timed out": 0}
     start = time.monotonic()
 
+    # The same cases every run, so CI answers for this code and not for the draw; set
+    # DRA_AGENT_DIFF_RANDOM=1 to explore new ones (each disagreement found that way becomes a
+    # case in tests/explain/test_allocator_agreement.py).
     @settings(max_examples=n, deadline=None, database=None,
+              derandomize=os.environ.get("DRA_AGENT_DIFF_RANDOM") != "1",
               suppress_health_check=list(HealthCheck))
     @given(case=cases(features))
     def check(case: dict[str, Any]) -> None:
         exact = exact_choice_defined(case, minor)
         line = allocator_doc(case, by_name=minor == "1.35")
         reply = allocate(line)
-        assert set(reply) <= {"allocations", "unschedulable", "error"}, reply
+        assert set(reply) <= {"allocations", "unschedulable", "error", "timedOut"}, reply
+        if reply.get("timedOut"):
+            # The scheduler itself gives up such a search after its filter timeout (10 s):
+            # there is no answer to agree with. Counted and shown, never silently dropped.
+            seen["timed out"] += 1
+            return
         if reply.get("error") and not reply.get("unschedulable"):
             # Bad input is our generator's fault, not a disagreement: the tool says "input:".
             assert not reply["error"].startswith("input:"), reply["error"]
@@ -102,9 +113,11 @@ def _run(features: Features, allocate: Allocate, n: int) -> None:
     print(f"\nexplain vs allocate {minor} {features.gates or '(default gates)'}: "
           f"{seen['cases']} cases ({seen['fits']} fit, {seen['errors']} allocator errors; "
           f"exact choice compared in {seen['exact']}; {seen['pods']} of several claims; "
-          f"{seen['reordered']} matched another pool order) "
+          f"{seen['reordered']} matched another pool order; "
+          f"{seen['timed out']} past the scheduler's 10 s filter timeout) "
           f"in {took:.1f} s")
-    assert seen["cases"] >= n
+    assert seen["cases"] + seen["timed out"] >= n
+    assert seen["timed out"] <= n // 100, "too many cases with no answer to compare"
 
 
 def test_explain_agrees_with_the_allocator(minor: str) -> None:

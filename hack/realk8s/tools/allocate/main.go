@@ -28,6 +28,7 @@ import (
 	"io"
 	"os"
 	"reflect"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -61,6 +62,9 @@ type output struct {
 	Allocations   map[string]resourceapi.AllocationResult `json:"allocations,omitempty"`
 	Unschedulable bool                                    `json:"unschedulable,omitempty"`
 	Error         string                                  `json:"error,omitempty"`
+	// TimedOut: the search ran past --timeout, as the scheduler gives up on a node after its
+	// DynamicResources filterTimeout; the answer is then "unschedulable" for that attempt.
+	TimedOut bool `json:"timedOut,omitempty"`
 }
 
 type classes []*resourceapi.DeviceClass
@@ -79,6 +83,9 @@ func (c classes) Get(name string) (*resourceapi.DeviceClass, error) {
 func main() {
 	gates := flag.String("feature-gates", "", "feature gates, as kube-scheduler's --feature-gates")
 	lines := flag.Bool("lines", false, "JSON lines: one document a line, one answer a line")
+	// kube-scheduler's DynamicResources filterTimeout default: an allocation search that takes
+	// longer makes the node unschedulable for that attempt instead of blocking the scheduler.
+	timeout := flag.Duration("timeout", 10*time.Second, "give up a search after this long (0: never)")
 	flag.Parse()
 	if *gates != "" {
 		if err := utilfeature.DefaultMutableFeatureGate.Set(*gates); err != nil {
@@ -87,13 +94,13 @@ func main() {
 		}
 	}
 	if *lines {
-		if err := runLines(os.Stdin, os.Stdout); err != nil {
+		if err := runLines(os.Stdin, os.Stdout, *timeout); err != nil {
 			fmt.Fprintln(os.Stderr, "allocate:", err)
 			os.Exit(1)
 		}
 		return
 	}
-	out, err := run(os.Stdin)
+	out, err := run(os.Stdin, *timeout)
 	if err != nil {
 		out = output{Error: err.Error()}
 	}
@@ -107,14 +114,14 @@ func main() {
 }
 
 // runLines answers each non-empty line of r with one line on w.
-func runLines(r io.Reader, w io.Writer) error {
+func runLines(r io.Reader, w io.Writer, timeout time.Duration) error {
 	br := bufio.NewReaderSize(r, 1<<20)
 	bw := bufio.NewWriter(w)
 	enc := json.NewEncoder(bw)
 	for {
 		line, readErr := br.ReadBytes('\n')
 		if len(bytes.TrimSpace(line)) > 0 {
-			out, err := run(bytes.NewReader(line))
+			out, err := run(bytes.NewReader(line), timeout)
 			if err != nil {
 				out = output{Error: err.Error()}
 			}
@@ -134,7 +141,7 @@ func runLines(r io.Reader, w io.Writer) error {
 	}
 }
 
-func run(r io.Reader) (output, error) {
+func run(r io.Reader, timeout time.Duration) (output, error) {
 	var in input
 	dec := json.NewDecoder(r)
 	dec.DisallowUnknownFields()
@@ -159,12 +166,21 @@ func run(r io.Reader) (output, error) {
 		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
 	}
 	ctx := context.Background()
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
 	allocator, err := structured.NewAllocator(ctx, dynamicresources.AllocatorFeatures(fts), state,
 		classes(in.DeviceClasses), in.ResourceSlices, cel.NewCache(10, celFeatures(fts)))
 	if err != nil {
 		return output{}, fmt.Errorf("allocator: %w", err)
 	}
 	results, err := allocator.Allocate(ctx, node, in.Claims)
+	if err != nil && ctx.Err() != nil {
+		return output{Unschedulable: true, TimedOut: true,
+			Error: fmt.Sprintf("timed out after %s: %v", timeout, err)}, nil
+	}
 	if err != nil {
 		return output{}, fmt.Errorf("allocate: %w", err)
 	}
