@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from agent import __version__
+
 #: command name -> "module:attribute" of its click command.
 COMMANDS: dict[str, str] = {
     "version": "agent.commands.version:command",
@@ -87,6 +89,8 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="dra-agent",
+                      message="%(prog)s %(version)s")
 def main() -> None:
     """dra-agent: a Kubernetes DRA node agent for GPUs and NICs."""
 

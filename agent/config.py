@@ -218,14 +218,53 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 ]
 
 
+class _SimulateOption(click.Option):
+    """``--simulate``, whose help names the profiles. They are looked up only when help is
+    shown: the simulator is not imported by a command that runs on real hardware."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        from discovery.simulate.profiles import PROFILES
+
+        self.help = f"run on simulated hardware; PROFILE is one of {', '.join(sorted(PROFILES))}"
+        return super().get_help_record(ctx)
+
+
+def _dest(decls: tuple[str, ...]) -> str:
+    last = decls[-1]
+    return last if not last.startswith("-") else last.lstrip("-").replace("-", "_")
+
+
+#: The shared options by the Config field each one sets, in the order help lists them.
+SHARED_OPTIONS: tuple[str, ...] = tuple(_dest(decls) for decls, _ in _OPTIONS)
+
+
+def shared_options(*names: str) -> Callable[[F], F]:
+    """Add the named shared options (Config field names, e.g. ``kubelet_dir``), each with its
+    ``DRA_AGENT_<NAME>`` env var, so that a command's help lists only the options it reads.
+
+    A config file may still hold the keys of options a command does not take (one file serves
+    every command); they are checked and left unused.
+    """
+    unknown = sorted(set(names) - set(SHARED_OPTIONS))
+    if unknown:  # a typo in a command module, found when it is imported
+        raise ValueError(f"not shared options: {', '.join(unknown)}")
+
+    def decorate(func: F) -> F:
+        for decls, kwargs in reversed(_OPTIONS):
+            dest = _dest(decls)
+            if dest not in names:
+                continue
+            env = ENV_PREFIX + (dest if dest != "config_file" else "config").upper()
+            cls = _SimulateOption if dest == "simulate" else click.Option
+            func = click.option(*decls, cls=cls, envvar=env, show_envvar=True, **kwargs)(func)
+        return func
+
+    return decorate
+
+
 def common_options(func: F) -> F:
-    """Add the shared options (each with its ``DRA_AGENT_<NAME>`` env var) to a command."""
-    for decls, kwargs in reversed(_OPTIONS):
-        last = decls[-1]
-        dest = last if not last.startswith("-") else last.lstrip("-").replace("-", "_")
-        env = ENV_PREFIX + (dest if dest != "config_file" else "config").upper()
-        func = click.option(*decls, envvar=env, show_envvar=True, **kwargs)(func)
-    return func
+    """Add every shared option: for ``run``, which reads them all."""
+    return shared_options(*SHARED_OPTIONS)(func)
 
 
 def pop_config(kwargs: dict[str, Any]) -> Config:

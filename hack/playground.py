@@ -2,11 +2,16 @@
 
     python -m hack.playground setup --kubeconfig K          # Node + DeviceClasses
     python -m hack.playground flow --kubeconfig K --kubelet-dir D --cdi-dir C
+    python -m hack.playground cdi                           # a real GPU's CDI spec
 
 ``flow`` plays the rest of a cluster against the running agent: the kubelet (registration,
 NodePrepareResources, NodeUnprepareResources), a user creating a ResourceClaim for a GPU and a
 NIC under one PCIe root, and the scheduler (``dra-agent explain``'s allocator writes the
 allocation). It prints what a newcomer wants to see at each step.
+
+The simulated agent's CDI specs hold only env entries (nothing to mount exists); ``cdi`` prints
+the spec the same code writes for a GPU on a host laid out as a real NVIDIA 570 driver installs
+itself: the CDI tests' fixture host (device nodes, driver libraries, ld cache, hook).
 """
 
 from __future__ import annotations
@@ -166,14 +171,43 @@ def flow(kubeconfig: Path, kubelet_dir: Path, cdi_dir: Path) -> int:
     return 0
 
 
+def real_gpu_spec() -> str:
+    """The CDI spec ``dra-agent cdi generate`` prints for one GPU of the CDI tests' fixture
+    host: what the agent writes on a real node, where a simulated one has only env entries."""
+    import tempfile
+
+    from agent.commands.cdi import generate_spec, render
+    from cdi.edits import EditsProvider
+    from tests.cdi.conftest import gpu
+    from tests.cdi.fakeroot import FakeHost
+
+    with tempfile.TemporaryDirectory(prefix="playground-cdi-") as tmp:
+        host = FakeHost(Path(tmp))
+        for d in (host.root, host.dev, host.proc, host.sys):
+            d.mkdir(parents=True)
+        host.install_driver(hook="1.17.4")  # the version nvidia-cdi-hook reports
+        host.make_control_nodes()
+        host.add_gpu(0, "0000:1b:00.0")
+        provider = EditsProvider(host.root, host.dev, host.proc, sysfs_root=host.sys)
+        text = render(generate_spec([gpu()], provider, f"{DRIVER}/gpu"), "yaml")
+        # The fixture lives in a temporary directory; show the paths as on the host.
+        return text.replace(str(host.root), "").replace(str(host.dev), "/dev")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hack.playground", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=("setup", "flow"))
-    parser.add_argument("--kubeconfig", type=Path, required=True)
+    parser.add_argument("step", choices=("setup", "flow", "cdi"))
+    parser.add_argument("--kubeconfig", type=Path)
     parser.add_argument("--kubelet-dir", type=Path)
     parser.add_argument("--cdi-dir", type=Path)
     args = parser.parse_args(argv)
+    if args.step == "cdi":
+        section("CDI spec of a real GPU (the simulated agent's hold only env entries)")
+        print(real_gpu_spec())
+        return 0
+    if args.kubeconfig is None:
+        parser.error(f"{args.step} needs --kubeconfig")
     if args.step == "setup":
         setup(args.kubeconfig)
         return 0

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent.config import common_options, pop_config
+from agent.config import pop_config, shared_options
 
 if TYPE_CHECKING:
     from cdi.edits import EditsProvider
@@ -22,6 +22,13 @@ if TYPE_CHECKING:
     from discovery.model import Device, Inventory
 
 DEFAULT_CLASS = "device"
+#: Why a --simulate spec is env entries only: nothing a runtime could mount exists.
+SIMULATED_NOTE = (
+    "note: simulated devices have no device nodes, driver libraries or hooks on this host, so "
+    "each holds only its DRA_AGENT_DEVICE_* env entries; on a real GPU node the spec also "
+    "mounts /dev/nvidia* and the driver's libraries and runs nvidia-cdi-hook (python -m "
+    "hack.playground cdi shows one)"
+)
 
 
 class GenerateError(click.ClickException):
@@ -132,7 +139,8 @@ def command() -> None:
     show_default=True,
     help="Move NIC interfaces into the container (needs a CDI 1.1.0 runtime)",
 )
-@common_options
+@shared_options("driver_name", "sysfs_root", "simulate", "device_types", "config_file",
+                "log_format", "verbosity")
 def generate(
     *,
     device_names: tuple[str, ...],
@@ -167,4 +175,7 @@ def generate(
         hook_path=hook_path,
     )
     devices = select_devices(inventory, device_names)
+    if cfg.simulate:
+        # On stderr, so that stdout stays a spec a runtime can read.
+        click.echo(SIMULATED_NOTE, err=True)
     click.echo(render(generate_spec(devices, provider, kind, netdev=netdev), output))

@@ -14,7 +14,7 @@ import click
 
 from agent.checkpoint import CheckpointCorruptError, ClaimRecord, decode
 from agent.checkpoint_store import MAX_CHECKPOINT_BYTES
-from agent.config import common_options, pop_config
+from agent.config import pop_config, shared_options
 from agent.metrics import label_value
 from agent.safefile import UnsafeFileError, read_capped
 
@@ -85,7 +85,7 @@ def _columns(rows: Sequence[tuple[str, ...]]) -> str:
     "-o", "--output", type=click.Choice(["table", "wide", "json", "yaml"]), default="table",
     show_default=True,
 )
-@common_options
+@shared_options("driver_name", "kubelet_dir", "config_file", "verbosity")
 def command(output: str, **kwargs: Any) -> None:
     """Show the claims prepared on this node (from the plugin's checkpoint)."""
     cfg = pop_config(kwargs)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent.config import Config, common_options, pop_config
+from agent.config import Config, pop_config, shared_options
 
 if TYPE_CHECKING:
     from discovery.model import DriverResources, Inventory
@@ -71,7 +71,8 @@ def discover_for_command(cfg: Config) -> Inventory:
 @click.option("-o", "--output", type=click.Choice(["table", "wide", "json", "yaml"]),
               default="table", show_default=True)
 @click.option("--topology", is_flag=True, help="Show a NUMA -> PCIe root -> switch tree.")
-@common_options
+@shared_options("driver_name", "node_name", "sysfs_root", "simulate", "device_types",
+                "config_file", "log_format", "verbosity")
 def command(output: str, topology: bool, **kwargs: Any) -> None:
     """Show the devices this node would publish (nothing is published)."""
     from agent.logs import setup_logging
@@ -80,6 +81,10 @@ def command(output: str, topology: bool, **kwargs: Any) -> None:
     from discovery.report import topology as topology_view
     from discovery.scan import SYSFS_UNREADABLE
 
+    if topology and output != "table":
+        # The tree is text only; printing it for -o json would break the reader expecting data.
+        raise click.UsageError(f"--topology prints a text tree; it cannot be combined with "
+                               f"-o {output}")
     cfg = pop_config(kwargs)
     setup_logging(cfg.log_format, cfg.verbosity)
     inventory = discover_for_command(cfg)

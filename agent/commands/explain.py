@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent.config import common_options, pop_config
+from agent.config import pop_config, shared_options
 from agent.explain.features import DEFAULTS, MODELLED_KUBERNETES
 
 if TYPE_CHECKING:
@@ -46,7 +46,8 @@ PACKAGED_CLASSES = "deviceclasses.yaml"
                    "[default: kubernetes.io/hostname=NODE; the Node's own with from-cluster].")
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
               show_default=True)
-@common_options
+@shared_options("driver_name", "node_name", "kubeconfig", "sysfs_root", "simulate",
+                "device_types", "config_file", "verbosity")
 def command(*, claim_files: tuple[str, ...], class_files: tuple[str, ...], slices_from: str,
             allocated_files: tuple[str, ...], feature_gates: str, kubernetes_version: str,
             node_labels: str, output: str, **kwargs: Any) -> None:
@@ -73,6 +74,22 @@ def _fail(line: str) -> None:
     raise SystemExit(2)
 
 
+def _check_kubeconfig(value: str) -> None:
+    """A kubeconfig path that names no file is a mistake even where this run reads no cluster
+    (``--slices from-discovery``): the operator meant some cluster, and would not be told."""
+    from pathlib import Path
+
+    from agent.explain.docs import InputError
+
+    text = value.strip()
+    if not text or text.lower() == "none":
+        return
+    path = Path(text).expanduser()
+    if not path.is_file():
+        why = "not a regular file" if path.exists() else "no such file"
+        raise InputError("--kubeconfig", f"{text}: {why}")
+
+
 def parse_labels(text: str) -> dict[str, str]:
     """``k=v,k2=v2`` (kubectl's form); a key alone has an empty value."""
     from agent.explain.docs import InputError
@@ -95,6 +112,7 @@ def _run(cfg: Any, *, claim_files: tuple[str, ...], class_files: tuple[str, ...]
     from agent.explain.features import parse_gates
     from agent.explain.render import to_json, to_table, to_table_pod, to_yaml
 
+    _check_kubeconfig(cfg.kubeconfig)
     features = parse_gates(feature_gates, kubernetes_version)
     labels = parse_labels(node_labels)
     claims: list[Doc] = []

@@ -113,6 +113,6 @@ def command(**kwargs: Any) -> None:
     try:
         code = daemon.run()
     except DaemonError as err:
-        click.echo(f"dra-agent: {err}", err=True)
+        click.echo(f"error: {err}", err=True)
         sys.exit(1)
     sys.exit(code)

@@ -41,6 +41,12 @@ COMMANDS: dict[str, list[str]] = {
     "explain": ["explain", "-f", "-", "--simulate", "dgx-h100"],
 }
 
+#: The directories each command writes or reads under (pointed at tmp_path), and a path option
+#: it takes; each command offers only the shared options it reads.
+DIRS: dict[str, tuple[str, ...]] = {"claims": ("--kubelet-dir",),
+                                    "run": ("--kubelet-dir", "--cdi-dir")}
+PATH_FLAG: dict[str, str] = {"claims": "--kubelet-dir", "run": "--kubelet-dir"}
+
 
 def _one_error_line(result: object) -> str:
     exit_code = getattr(result, "exit_code")  # noqa: B009
@@ -52,9 +58,10 @@ def _one_error_line(result: object) -> str:
     return lines[0]
 
 
-def _invoke(argv: list[str], tmp_path: Path) -> object:
-    dirs = ["--kubelet-dir", str(tmp_path / "kubelet"), "--cdi-dir", str(tmp_path / "cdi")]
-    return CliRunner().invoke(main, [*argv, *dirs], input=b"", catch_exceptions=False)
+def _invoke(command: str, argv: list[str], tmp_path: Path) -> object:
+    dirs = [arg for flag in DIRS.get(command, ()) for arg in (flag, str(tmp_path / flag[2:]))]
+    return CliRunner().invoke(main, [*COMMANDS[command], *argv, *dirs], input=b"",
+                              catch_exceptions=False)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -64,7 +71,7 @@ def test_hostile_config_file(tmp_path: Path, command: str, name: str) -> None:
         name = "unknown-key"  # only run knows the key; elsewhere it is an unknown one
     bad = tmp_path / name
     bad.write_bytes(HOSTILE[name])
-    line = _one_error_line(_invoke([*COMMANDS[command], "--config", str(bad)], tmp_path))
+    line = _one_error_line(_invoke(command, ["--config", str(bad)], tmp_path))
     assert str(bad) in line
 
 
@@ -73,16 +80,18 @@ def test_hostile_config_file(tmp_path: Path, command: str, name: str) -> None:
 def test_every_config_key_refuses_a_wrong_type(tmp_path: Path, key: str, value: object) -> None:
     bad = tmp_path / "config.yaml"
     bad.write_text(yaml.safe_dump({key: value}))
-    _one_error_line(_invoke([*COMMANDS["discover"], "--config", str(bad)], tmp_path))
+    _one_error_line(_invoke("discover", ["--config", str(bad)], tmp_path))
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("flag", [["--config", "/"], ["--config", "/nonexistent/c.yaml"],
                                   ["--device-types", "gpu,bogus"], ["--log-format", "xml"],
-                                  ["--kubelet-dir", "a\x00b"], ["--no-such-flag"]],
+                                  ["PATH", "a\x00b"], ["--no-such-flag"]],
                          ids=["config-dir", "config-missing", "device-types", "log-format",
                               "nul-path", "unknown-flag"])
 def test_hostile_flags(tmp_path: Path, command: str, flag: list[str]) -> None:
+    # A NUL in a path option the command takes (each takes only the options it reads).
+    flag = [PATH_FLAG.get(command, "--sysfs-root") if f == "PATH" else f for f in flag]
     argv = [*COMMANDS[command], *flag]
     result = CliRunner().invoke(main, argv, input=b"", catch_exceptions=False)
     _one_error_line(result)
