@@ -250,7 +250,7 @@ def unwritable_path(value: Any, path: str) -> tuple[str, str] | None:
     while stack:
         where, item, depth = stack.pop()
         if isinstance(item, str):
-            if not _encodes(item):
+            if not encodes(item):
                 return where, _NOT_UNICODE
             continue
         if isinstance(item, Mapping | list | tuple) and depth >= MAX_DEPTH:
@@ -260,7 +260,7 @@ def unwritable_path(value: Any, path: str) -> tuple[str, str] | None:
         if isinstance(item, Mapping):
             for key, child in item.items():
                 shown = key if isinstance(key, str) and key.isprintable() else ascii(key)
-                if isinstance(key, str) and not _encodes(key):
+                if isinstance(key, str) and not encodes(key):
                     return f"{where}.{shown}", _NOT_UNICODE
                 stack.append((f"{where}.{shown}", child, depth + 1))
         elif isinstance(item, list | tuple):
@@ -276,7 +276,8 @@ def _shown(text: str) -> str:
     return text if text.isprintable() else ascii(text)
 
 
-def _encodes(text: str) -> bool:
+def encodes(text: str) -> bool:
+    """Whether ``text`` can be encoded as UTF-8 (no lone surrogate)."""
     try:
         text.encode()
     except UnicodeEncodeError:

@@ -40,6 +40,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.claims import encodes
+
 GROUP = "dra-agent.io"
 KIND = "DeviceConfig"
 #: Versions this agent decodes; a newer one is refused with a message naming what we know.
@@ -200,7 +202,7 @@ def _decode_env(env: Any) -> dict[str, str]:
         if "\0" in value or len(value) > _MAX_ENV_VALUE:
             raise ConfigDecodeError(
                 f"env.{name}", f"value must be at most {_MAX_ENV_VALUE} characters, without NUL")
-        if not value.isascii() and not _encodes(value):
+        if not value.isascii() and not encodes(value):
             # Parsing a claim refuses these first; a config decoded on its own must too.
             raise ConfigDecodeError(f"env.{name}", "value is not valid Unicode (a lone surrogate)")
         out[name] = value
@@ -250,11 +252,3 @@ def merge_configs(params: Iterable[Any], class_params: Iterable[Any] = ()) -> De
             if why is not None:
                 raise ConfigDecodeError(f"env.{name}", why)
     return result
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
