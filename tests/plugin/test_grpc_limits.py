@@ -4,6 +4,7 @@ deadline, request size. Over real unix sockets, through the kubelet stand-in."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,10 @@ def test_claims_not_started_by_the_deadline_get_no_work(short_root: Path) -> Non
         assert source.entered.wait(10)
         caller.join(30)  # the kubelet gives up while the first claim's GET hangs
         assert not caller.is_alive()
+        # The server's deadline runs from when it received the call, and its cancel arrives
+        # after the client's deadline: on a loaded machine both can trail the client by some
+        # hundreds of ms. Let the GET go only well after that, or c1 is (rightly) still started.
+        time.sleep(3)
         source.release.set()
         metrics = plugin.server.metrics
         wait_for(lambda: metrics.claim_errors.labels("prepare", "deadline")._value.get() == 4,
