@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from agent.apiversions import CLAIM_API_VERSIONS, ServedVersions, discovery_probe
-from agent.kubehttp import KubeAPIError, as_kubehttp, parse_status
+from agent.kube.apiversions import CLAIM_API_VERSIONS, ServedVersions, discovery_probe
+from agent.kube.transport import KubeAPIError, as_kubehttp, parse_status
 from agent.metrics import Metrics
 
 log = logging.getLogger(__name__)

@@ -170,7 +170,7 @@ class Daemon:
         return host_sources(sysfs_root=self.cfg.sysfs_root, nvml=wants_nvml)
 
     def _api_client(self) -> Any:
-        from agent.kube import KubeConfigError, api_client, resolve_source
+        from agent.kube.client import KubeConfigError, api_client, resolve_source
 
         source = resolve_source(self.cfg.kubeconfig, self.environ)
         if source.kind == "none":

@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 from agent.config import Config
 from agent.explain.docs import InputError
-from agent.kubehttp import KubeAPIError, KubeHTTP
+from agent.kube.transport import KubeAPIError, KubeHTTP
 
 API = "/apis/resource.k8s.io/v1"
 
@@ -34,7 +34,7 @@ class Cluster:
     """Read-only access to the node's slices, the classes and the allocated claims."""
 
     def __init__(self, cfg: Config) -> None:
-        from agent.kube import KubeConfigError, api_client
+        from agent.kube.client import KubeConfigError, api_client
 
         try:
             api = api_client(cfg)

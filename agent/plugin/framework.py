@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from agent.apiversions import CLAIM_API_VERSIONS, ServedVersions, discovery_probe
 from agent.checkpoint import ClaimRecord
 from agent.claims import (
     Claim,
@@ -39,7 +38,8 @@ from agent.claims import (
 )
 from agent.claimstatus import ClaimStatusWriter, NicStatus
 from agent.failpoints import Failpoints, Point, hit
-from agent.kubehttp import KubeAPIError, as_kubehttp
+from agent.kube.apiversions import CLAIM_API_VERSIONS, ServedVersions, discovery_probe
+from agent.kube.transport import KubeAPIError, as_kubehttp
 from agent.metrics import Metrics
 from agent.prepare.state import DevicePreparer
 

@@ -1,4 +1,4 @@
-"""The controller's only door to the API server: plain dicts over ``agent.kubehttp``.
+"""The controller's only door to the API server: plain dicts over ``agent.kube.transport``.
 
 Typed models of the ``kubernetes`` package silently drop fields they do not know (research:
 python-stack.md §2), which would make a newer server's fields vanish on every update. So this
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import quote
 
-from agent.kubehttp import (
+from agent.kube.transport import (
     DEFAULT_TIMEOUT,
     TRANSIENT_STATUSES,
     Cause,

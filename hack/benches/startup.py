@@ -169,8 +169,9 @@ def python_allocations() -> tuple[list[tuple[str, float]], list[str]]:
 def _loaded_modules() -> list[str]:
     """Top-level modules loaded once the daemon's code paths are imported (no start needed)."""
     out = subprocess.run(
-        [sys.executable, "-c", "import sys, agent.daemon, agent.plugin, agent.slices, agent.kube,"
-         " agent.httpserver, discovery.scan, discovery.simulate, cdi.edits, kubernetes.client\n"
+        [sys.executable, "-c", "import sys, agent.daemon, agent.plugin, agent.slices,"
+         " agent.kube.client, agent.httpserver, discovery.scan, discovery.simulate, cdi.edits,"
+         " kubernetes.client\n"
          "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"],
         capture_output=True, text=True, timeout=60, check=True,
     )

@@ -36,7 +36,7 @@ from agent.checkpoint import (
     salvage,
 )
 from agent.claims import ClaimError, ClaimRef, parse_claim, uid_problem
-from agent.kubehttp_lean import CredentialsError, load_kubeconfig
+from agent.kube.lean import CredentialsError, load_kubeconfig
 from agent.opaque import ConfigDecodeError, env_denied, merge_configs
 from agent.prepare.cdispecs import CDIClaimSpecs, EnvOnlyEdits
 from tests.fuzz import strategies as fs

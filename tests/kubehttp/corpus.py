@@ -2,7 +2,7 @@
 
 A bench is a server (the fast suite's recording TLS server, or a real kube-apiserver), a
 recording CONNECT proxy in front of it and the values a case's ``${NAME}`` placeholders get.
-``agent_outcome`` runs the agent's own loader (``agent.kube.api_client``) on a case and says
+``agent_outcome`` runs the agent's own loader (``agent.kube.client.api_client``) on a case and says
 what happened in the terms kubectl's recorded answer uses, so the two can be compared.
 """
 
@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from agent.kube import KubeConfigError, api_client
-from agent.kubehttp import KubeAPIError, Response
+from agent.kube.client import KubeConfigError, api_client
+from agent.kube.transport import KubeAPIError, Response
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "kubeconfigs" / "corpus.yaml"
 WHOAMI = "/apis/authentication.k8s.io/v1/selfsubjectreviews"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.kube import KubeConfigError, api_client
-from agent.kubehttp_lean import (
+from agent.kube.client import KubeConfigError, api_client
+from agent.kube.lean import (
     CredentialsError,
     LeanBackend,
     NeedsOfficialLoaderError,
@@ -156,7 +156,7 @@ def test_in_cluster_without_its_parts_says_which(tmp_path: Path, missing: str) -
 
 
 def test_repr_of_credentials_leaks_no_secret() -> None:
-    from agent.kubehttp_lean import Credentials
+    from agent.kube.lean import Credentials
 
     creds = Credentials(server="https://k", token="tok-SECRET", password="pw-SECRET",
                         key_data=b"key-SECRET", username="admin")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.kube import KubeConfigError, api_client
+from agent.kube.client import KubeConfigError, api_client
 from tests.kubehttp.conftest import EchoServer, Pki, kubeconfig
 
 CREDENTIAL = {

@@ -11,7 +11,7 @@ from tests.fakes.apiserver import FakeAPIServer
 
 SCRIPT = """
 import json, sys
-from agent.kube import api_client
+from agent.kube.client import api_client
 from agent.slices.api import KubeSliceClient
 from agent.plugin.framework import APIClaimSource
 from agent.claimstatus import ClaimStatusWriter

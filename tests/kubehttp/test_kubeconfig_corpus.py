@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.kubehttp import Response
+from agent.kube.transport import Response
 from tests.kubehttp.conftest import EchoServer, Pki, _serve
 from tests.kubehttp.corpus import (
     Bench,

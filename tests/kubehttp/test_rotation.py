@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agent.kubehttp import KubeHTTP
-from agent.kubehttp_lean import RECHECK_S, Credentials, LeanBackend, load_in_cluster
+from agent.kube.lean import RECHECK_S, Credentials, LeanBackend, load_in_cluster
+from agent.kube.transport import KubeHTTP
 from tests.kubehttp.conftest import Answer, EchoServer, FakeClock, Pki
 
 

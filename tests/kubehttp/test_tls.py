@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.kube import api_client
-from agent.kubehttp import KubeAPIError, KubeHTTP
+from agent.kube.client import api_client
+from agent.kube.transport import KubeAPIError, KubeHTTP
 from tests.kubehttp.conftest import EchoServer, Pki, kubeconfig
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.kube import api_client
-from agent.kubehttp import KubeAPIError, KubeHTTP, Response, as_kubehttp, parse_status
-from agent.kubehttp_lean import LeanBackend
+from agent.kube.client import api_client
+from agent.kube.lean import LeanBackend
+from agent.kube.transport import KubeAPIError, KubeHTTP, Response, as_kubehttp, parse_status
 from agent.slices.api import KubeSliceClient
 from tests.fakes.apiserver import FakeAPIServer
 from tests.kubehttp.conftest import Answer, EchoServer, kubeconfig
@@ -161,6 +161,6 @@ def test_response_json_of_an_empty_body_is_empty() -> None:
 
 
 def _creds(echo: EchoServer):  # type: ignore[no-untyped-def]
-    from agent.kubehttp_lean import Credentials
+    from agent.kube.lean import Credentials
 
     return Credentials(server=echo.url(), token="t")

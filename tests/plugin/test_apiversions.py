@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.apiversions import CLAIM_API_VERSIONS, ServedVersions
+from agent.kube.apiversions import CLAIM_API_VERSIONS, ServedVersions
 
 
 def test_preference_order_and_a_read_version_leading() -> None:

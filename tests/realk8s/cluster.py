@@ -2,7 +2,7 @@
 
 The scripts are the interface: tests start and stop clusters exactly as a developer does, so a
 green suite also means the scripts work. Requests go through the agent's own transport
-(``agent.kubehttp``), which answers every status with a ``Response`` the tests can assert on.
+(``agent.kube.transport``), which answers every status with a ``Response`` the tests can assert on.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from agent.kube import api_client
-from agent.kubehttp import KubeHTTP, Response
+from agent.kube.client import api_client
+from agent.kube.transport import KubeHTTP, Response
 
 REPO = Path(__file__).resolve().parents[2]
 HACK = REPO / "hack" / "realk8s"

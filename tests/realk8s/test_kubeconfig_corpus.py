@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from agent.kubehttp import Response
+from agent.kube.transport import Response
 from tests.kubehttp.corpus import (
     WHOAMI,
     WHOAMI_BODY,

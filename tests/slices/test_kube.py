@@ -1,4 +1,4 @@
-"""agent/kube.py: where the API credentials come from."""
+"""agent/kube/client.py: where the API credentials come from."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import Config
-from agent.kube import KubeConfigError, api_client, resolve_source
+from agent.kube.client import KubeConfigError, api_client, resolve_source
 
 KUBECONFIG = """
 apiVersion: v1

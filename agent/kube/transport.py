@@ -5,9 +5,9 @@ The agent only ever sends and receives plain JSON dicts: the typed models of the
 resident memory for nothing the agent uses. ``KubeHTTP`` therefore speaks HTTP itself
 (urllib3) and leaves credentials to a backend:
 
-* the lean backend (``agent.kubehttp_lean``): our own kubeconfig / in-cluster loading, no
-  import of ``kubernetes`` at all. ``agent.kube.api_client`` uses it whenever it can.
-* the official backend (``agent.kubehttp_official``): an existing
+* the lean backend (``agent.kube.lean``): our own kubeconfig / in-cluster loading, no
+  import of ``kubernetes`` at all. ``agent.kube.client.api_client`` uses it whenever it can.
+* the official backend (``agent.kube.official``): an existing
   ``kubernetes.client.ApiClient`` supplies host, auth headers (its refresh hooks run on every
   request, so exec-plugin tokens stay fresh) and its urllib3 pool (TLS, proxy). Tests pass such
   clients, and kubeconfigs that need exec plugins or auth providers are loaded that way.
@@ -429,6 +429,6 @@ def as_kubehttp(client: Any) -> KubeHTTP:
             "the agent needs a KubeHTTP or a kubernetes (python client) >= 37 ApiClient, "
             f"got {type(client).__name__} (kubernetes {version})"
         )
-    from agent.kubehttp_official import OfficialBackend
+    from agent.kube.official import OfficialBackend
 
     return KubeHTTP(OfficialBackend(client))

@@ -7,7 +7,7 @@ Resolution order for ``--kubeconfig`` (DESIGN.md, "Command line"):
 * empty: in-cluster (``KUBERNETES_SERVICE_HOST`` plus the ServiceAccount token), else the
   ``KUBECONFIG`` environment variable, else ``~/.kube/config``.
 
-Credentials are loaded by ``agent.kubehttp_lean`` (no ``kubernetes`` import: it costs ~30 MiB
+Credentials are loaded by ``agent.kube.lean`` (no ``kubernetes`` import: it costs ~30 MiB
 resident); only kubeconfigs that need exec plugins or auth providers go through the official
 ``kubernetes.config`` loader. Commands that never talk to the API server (``discover``,
 ``cdi generate``) import none of it.
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import Config
-from agent.kubehttp import KubeHTTP, as_kubehttp
+from agent.kube.transport import KubeHTTP, as_kubehttp
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def api_client(
     loader (no ``kubernetes`` import) is used whenever it can; a kubeconfig that needs exec
     plugins or auth providers is loaded by the official ``kubernetes.config`` instead.
     """
-    from agent.kubehttp_lean import (
+    from agent.kube.lean import (
         CredentialsError,
         NeedsOfficialLoaderError,
         lean_client,

@@ -1,4 +1,5 @@
-"""``KubeHTTP``'s backend over an official ``kubernetes.client.ApiClient`` (see agent.kubehttp).
+"""``KubeHTTP``'s backend over an official ``kubernetes.client.ApiClient`` (see
+agent.kube.transport).
 
 Used for clients tests build (``FakeAPIServer.api_client()``) and for kubeconfigs the lean
 loader leaves to ``kubernetes.config`` (exec plugins, auth providers).

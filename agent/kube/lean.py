@@ -5,8 +5,8 @@ data), client certificate and key (file or data; the kubelet's own kubeconfig po
 ``/var/lib/kubelet/pki/kubelet-client-current.pem``), token and/or tokenFile, basic auth,
 ``insecure-skip-tls-verify``, ``tls-server-name``, an http(s) ``proxy-url`` (its userinfo sent
 as Proxy-Authorization) or HTTPS_PROXY/NO_PROXY; and a pod's ServiceAccount mount. Exec
-plugins, auth providers and SOCKS proxies raise ``NeedsOfficialLoaderError`` so ``agent.kube``
-falls back to the official loader.
+plugins, auth providers and SOCKS proxies raise ``NeedsOfficialLoaderError`` so
+``agent.kube.client`` falls back to the official loader.
 
 The file is read as client-go reads it, so the agent accepts, refuses and connects as kubectl
 does (tests/data/kubeconfigs/corpus.yaml holds kubectl's recorded answers): fields typed as in
@@ -37,7 +37,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from agent.k8snames import dns_label_problem
-from agent.kubehttp import KubeHTTP
+from agent.kube.transport import KubeHTTP
 
 log = logging.getLogger(__name__)
 
