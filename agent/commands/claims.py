@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from agent.checkpoint import CheckpointCorruptError, ClaimRecord, decode
-from agent.checkpoint_store import MAX_CHECKPOINT_BYTES
+from agent.checkpoint.model import CheckpointCorruptError, ClaimRecord, decode
+from agent.checkpoint.store import MAX_CHECKPOINT_BYTES
 from agent.config import pop_config, shared_options
 from agent.metrics import label_value
 from agent.safefile import UnsafeFileError, read_capped

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.checkpoint_store import CheckpointStore, read_boot_id
+from agent.checkpoint.store import CheckpointStore, read_boot_id
 from agent.failpoints import Failpoints
 from agent.metrics import Metrics
 from agent.plugin.framework import APIClaimSource, ClaimSource, PluginFramework

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from agent.checkpoint import ClaimRecord
+from agent.checkpoint.model import ClaimRecord
 from agent.claims import (
     Claim,
     ClaimError,

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 CLASS = "claim"
 #: Largest claim spec written or read back. A real one is a few KiB (per device: its nodes,
 #: driver mounts and hooks, a few variables); 16 MiB is the checkpoint's cap too, whose
-#: measured cost fits the DaemonSet's memory limit (agent.checkpoint_store). Start-up reads
+#: measured cost fits the DaemonSet's memory limit (agent.checkpoint.store). Start-up reads
 #: the specs one at a time, so that is also the peak of the whole scan.
 MAX_SPEC_BYTES = 16 << 20
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from agent.checkpoint import ClaimRecord, ClaimState, PreparedDevice
-from agent.checkpoint_store import CheckpointStore, CheckpointWriteError
+from agent.checkpoint.model import ClaimRecord, ClaimState, PreparedDevice
+from agent.checkpoint.store import CheckpointStore, CheckpointWriteError
 from agent.claims import (
     AllocatedDevice,
     Claim,

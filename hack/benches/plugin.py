@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.checkpoint_store import durable_write
+from agent.checkpoint.store import durable_write
 from agent.claims import ClaimRef
 from agent.metrics import Metrics
 from agent.plugin import PluginOptions, PluginServer

@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from agent.checkpoint import (
+from agent.checkpoint.model import (
     CheckpointCorruptError,
     CheckpointData,
     ClaimRecord,

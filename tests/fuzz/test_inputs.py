@@ -24,7 +24,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.checkpoint import (
+from agent.checkpoint.model import (
     CheckpointCorruptError,
     CheckpointData,
     ClaimRecord,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.checkpoint import (
+from agent.checkpoint.model import (
     CheckpointCorruptError,
     CheckpointData,
     ClaimRecord,
@@ -18,7 +18,7 @@ from agent.checkpoint import (
     decode,
     encode,
 )
-from agent.checkpoint_store import CheckpointStore, read_boot_id
+from agent.checkpoint.store import CheckpointStore, read_boot_id
 from agent.metrics import Metrics
 
 

@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from agent.checkpoint import ClaimRecord, decode
+from agent.checkpoint.model import ClaimRecord, decode
 from tests.plugin.conftest import DRIVER, Node, make_claim
 
 CONFIG = [{"source": "FromClaim", "requests": ["req"], "opaque": {"driver": DRIVER, "parameters": {

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.checkpoint import ClaimState, decode
-from agent.checkpoint_store import CheckpointStore
+from agent.checkpoint.model import ClaimState, decode
+from agent.checkpoint.store import CheckpointStore
 from agent.claims import parse_claim
 from agent.failpoints import (
     ENV,
@@ -131,7 +131,7 @@ def test_injected_unprepare_error_leaves_a_state_the_retry_finishes(
 CHILD = textwrap.dedent("""
     import json, os, sys
     from pathlib import Path
-    from agent.checkpoint_store import CheckpointStore
+    from agent.checkpoint.store import CheckpointStore
     from agent.claims import parse_claim
     from agent.failpoints import Failpoints
     from agent.prepare import CDIClaimSpecs, DevicePreparer, EnvOnlyEdits

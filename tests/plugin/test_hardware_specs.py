@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent.checkpoint_store import CheckpointStore
+from agent.checkpoint.store import CheckpointStore
 from agent.claims import parse_claim
 from agent.prepare import CDIClaimSpecs, DevicePreparer, EnvOnlyEdits
 from agent.prepare.cdispecs import DeviceEdits

@@ -21,7 +21,7 @@ import click.testing
 import pytest
 
 import agent.daemon
-from agent.checkpoint import (
+from agent.checkpoint.model import (
     CheckpointData,
     ClaimRecord,
     ClaimState,
@@ -29,7 +29,7 @@ from agent.checkpoint import (
     checksum,
     encode,
 )
-from agent.checkpoint_store import (
+from agent.checkpoint.store import (
     MAX_CHECKPOINT_BYTES,
     CheckpointStore,
     CheckpointWriteError,
@@ -191,7 +191,7 @@ def test_a_change_past_the_size_cap_fails_and_changes_nothing(
     store = CheckpointStore(tmp_path / "checkpoint.json")
     store.update(lambda c: c.__setitem__("u1", record("u1")))
     size = (tmp_path / "checkpoint.json").stat().st_size
-    monkeypatch.setattr("agent.checkpoint_store.MAX_CHECKPOINT_BYTES", size + 10)
+    monkeypatch.setattr("agent.checkpoint.store.MAX_CHECKPOINT_BYTES", size + 10)
     with pytest.raises(CheckpointWriteError, match=r"over the \d+-byte cap"):
         store.update(lambda c: c.__setitem__("u2", record("u2", device="gpu-2")))
     assert set(store.claims()) == {"u1"}
@@ -312,7 +312,7 @@ def test_temp_name_is_created_exclusively(tmp_path: Path, monkeypatch: pytest.Mo
     path = tmp_path / "checkpoint.json"
     victim = tmp_path / "victim"
     victim.write_text("precious")
-    monkeypatch.setattr("agent.checkpoint_store.secrets.token_hex", lambda n: "guessed")
+    monkeypatch.setattr("agent.checkpoint.store.secrets.token_hex", lambda n: "guessed")
     path.with_name(f".{path.name}.guessed.tmp").symlink_to(victim)
     with pytest.raises(CheckpointWriteError):
         CheckpointStore(path).update(lambda c: c.__setitem__("u1", record("u1")))

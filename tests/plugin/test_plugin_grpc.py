@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.checkpoint import ClaimState, decode
+from agent.checkpoint.model import ClaimState, decode
 from tests.fakes.kubelet import KubeletStandIn
 from tests.plugin.conftest import DRIVER, NODE, Node, build_node, make_claim, ref
 

@@ -8,8 +8,8 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from agent.checkpoint import CheckpointData, ClaimState, decode, encode
-from agent.checkpoint_store import CheckpointStore
+from agent.checkpoint.model import CheckpointData, ClaimState, decode, encode
+from agent.checkpoint.store import CheckpointStore
 from agent.claims import ClaimRef
 from tests.plugin.conftest import DRIVER, Node, make_claim
 
@@ -91,7 +91,7 @@ def test_unprepare_with_unreadable_checkpoint_removes_the_spec(node: Node) -> No
 
 
 def test_newer_checkpoint_is_read_and_its_fields_survive_a_prepare(node: Node) -> None:
-    from agent.checkpoint import checksum
+    from agent.checkpoint.model import checksum
 
     claim = node.book.put(make_claim("c1", ["gpu-0"]))
     uid = claim["metadata"]["uid"]

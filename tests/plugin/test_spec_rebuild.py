@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from agent.checkpoint import decode, encode
+from agent.checkpoint.model import decode, encode
 from tests.plugin.conftest import DRIVER, Node, gpu, make_claim
 
 

@@ -27,7 +27,7 @@ Decisions, each answering a bug an existing driver shipped:
   kubelet-facing path would refuse (a NUL in a UID would otherwise reach a path at start-up):
   each is a ``CheckpointCorruptError``, never another exception that stops the agent.
 
-File I/O, locking and corruption handling live in ``agent.checkpoint_store``.
+File I/O, locking and corruption handling live in ``agent.checkpoint.store``.
 """
 
 from __future__ import annotations

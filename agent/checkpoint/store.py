@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from agent.checkpoint import (
+from agent.checkpoint.model import (
     CheckpointCorruptError,
     CheckpointData,
     ClaimRecord,
