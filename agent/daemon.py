@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.claims import ClaimFetchError, ClaimRef
+from agent.claim.model import ClaimFetchError, ClaimRef
 from agent.config import Config
 from agent.health.options import HealthOptions
 from agent.metrics import Metrics

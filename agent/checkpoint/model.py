@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from agent.claims import name_problem, uid_problem
+from agent.claim.model import name_problem, uid_problem
 
 SCHEMA_VERSION = 1
 

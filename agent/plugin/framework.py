@@ -6,7 +6,7 @@ it to the preparer, serialised per claim UID. The answer has exactly one entry p
 UID; a claim's failure is its own entry's error and never hides the others.
 
 After a successful prepare, the claim's NICs are reported in its ``status.devices``
-(``agent.claimstatus``), best effort. Failpoints (``agent.failpoints``) mark the steps a crash
+(``agent.claim.status``), best effort. Failpoints (``agent.failpoints``) mark the steps a crash
 test kills the agent at.
 """
 
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 from agent.checkpoint.model import ClaimRecord
-from agent.claims import (
+from agent.claim.model import (
     Claim,
     ClaimError,
     ClaimFetchError,
@@ -36,7 +36,7 @@ from agent.claims import (
     check_uid,
     parse_claim,
 )
-from agent.claimstatus import ClaimStatusWriter, NicStatus
+from agent.claim.status import ClaimStatusWriter, NicStatus
 from agent.failpoints import Failpoints, Point, hit
 from agent.kube.apiversions import CLAIM_API_VERSIONS, ServedVersions, discovery_probe
 from agent.kube.transport import KubeAPIError, as_kubehttp

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from agent.claims import ClaimRef, uid_problem
+from agent.claim.model import ClaimRef, uid_problem
 from agent.k8snames import dns_label_problem
 from agent.prepare.devices import SpecDevice
 from agent.safefile import UnsafeFileError, read_capped

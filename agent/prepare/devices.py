@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.claims import AllocatedDevice, ClaimRef
-from agent.claimstatus import NicStatus
-from agent.opaque import DeviceConfig
+from agent.claim.model import AllocatedDevice, ClaimRef
+from agent.claim.opaque import DeviceConfig
+from agent.claim.status import NicStatus
 from agent.prepare.errors import BadConfigError
 from discovery.model import Device, DeviceType
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.claims import ClaimError
+from agent.claim.model import ClaimError
 
 
 class UnknownDeviceError(ClaimError):

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from agent.checkpoint.model import ClaimRecord, ClaimState, PreparedDevice
 from agent.checkpoint.store import CheckpointStore, CheckpointWriteError
-from agent.claims import (
+from agent.claim.model import (
     AllocatedDevice,
     Claim,
     ClaimError,
@@ -33,10 +33,10 @@ from agent.claims import (
     parse_devices,
     uid_problem,
 )
-from agent.claimstatus import NicStatus
+from agent.claim.opaque import ConfigDecodeError, DeviceConfig, merge_configs
+from agent.claim.status import NicStatus
 from agent.failpoints import Failpoints, Point, hit
 from agent.metrics import ClaimDevice, Metrics
-from agent.opaque import ConfigDecodeError, DeviceConfig, merge_configs
 from agent.prepare.devices import (
     NETDEV_TYPES,
     SpecDevice,

@@ -54,7 +54,7 @@ class _SlowSource:
         self.normal_uid = normal_uid
 
     def get(self, ref: Any) -> Mapping[str, Any]:
-        from agent.claims import ClaimNotFoundError
+        from agent.claim.model import ClaimNotFoundError
 
         time.sleep(GET_S)
         if ref.uid == self.normal_uid:

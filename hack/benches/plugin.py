@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.checkpoint.store import durable_write
-from agent.claims import ClaimRef
+from agent.claim.model import ClaimRef
 from agent.metrics import Metrics
 from agent.plugin import PluginOptions, PluginServer
 from agent.plugin.framework import APIClaimSource

@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.claims import ClaimNotFoundError, ClaimRef
+from agent.claim.model import ClaimNotFoundError, ClaimRef
 from agent.metrics import Metrics
 from agent.plugin import PluginOptions, PluginServer
 from discovery.model import Inventory

@@ -47,9 +47,9 @@ from agent.checkpoint.model import (
     encode,
     salvage,
 )
-from agent.claims import ClaimError, ClaimRef, parse_claim, uid_problem
+from agent.claim.model import ClaimError, ClaimRef, parse_claim, uid_problem
+from agent.claim.opaque import ConfigDecodeError, env_denied, merge_configs
 from agent.kube.lean import CredentialsError, load_kubeconfig
-from agent.opaque import ConfigDecodeError, env_denied, merge_configs
 from agent.prepare.cdispecs import CDIClaimSpecs, EnvOnlyEdits
 
 DRIVER = "dra-agent.io"

@@ -14,7 +14,7 @@ import json, sys
 from agent.kube.client import api_client
 from agent.slices.api import KubeSliceClient
 from agent.plugin.framework import APIClaimSource
-from agent.claimstatus import ClaimStatusWriter
+from agent.claim.status import ClaimStatusWriter
 import agent.daemon, agent.slices, agent.plugin
 
 http = api_client(sys.argv[1])

@@ -173,7 +173,7 @@ def test_rbac_is_exactly_what_the_agent_does(rendered: dict[str, list[Obj]]) -> 
         for r in rules for group in r["apiGroups"] for resource in r["resources"]
         for verb in r["verbs"]
     }
-    # Exactly the requests agent/slices/api.py and agent/claimstatus.py send; that these are
+    # Exactly the requests agent/slices/api.py and agent/claim/status.py send; that these are
     # also enough is proven against a real server (tests/realk8s/test_daemonset_identity.py).
     slice_verbs = ["get", "list", "watch", "create", "update", "delete"]
     expected = {("resource.k8s.io", "resourceslices", v) for v in slice_verbs}

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agent.claims import ClaimNotFoundError, ClaimRef
+from agent.claim.model import ClaimNotFoundError, ClaimRef
 from agent.metrics import Metrics
 from agent.plugin import PluginOptions, PluginServer
 from cdi.spec import ContainerEdits, DeviceNode

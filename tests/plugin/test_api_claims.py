@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.claims import ClaimFetchError, ClaimNotFoundError, ClaimRef
+from agent.claim.model import ClaimFetchError, ClaimNotFoundError, ClaimRef
 from agent.metrics import Metrics
 from agent.plugin import PluginServer
 from agent.plugin.framework import APIClaimSource

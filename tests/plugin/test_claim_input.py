@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent.claims import (
+from agent.claim.model import (
     UID_MAX_LEN,
     Claim,
     ClaimError,

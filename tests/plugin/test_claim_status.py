@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agent.claimstatus import ClaimStatusWriter, NicStatus, device_entries, up_to_date
+from agent.claim.status import ClaimStatusWriter, NicStatus, device_entries, up_to_date
 from agent.metrics import Metrics
 from agent.plugin import PluginServer
 from discovery.model import Device, DeviceType, HostInfo, Inventory
@@ -115,7 +115,7 @@ def test_forbidden_status_write_does_not_fail_prepare_and_logs_once(
 ) -> None:
     claims = [agent.srv.put_object(make_claim(f"net{i}", [f"nic-{i}"])) for i in range(2)]
     agent.srv.fail_next(2, 403, verb="patch", path_contains="/status")
-    with caplog.at_level(logging.DEBUG, logger="agent.claimstatus"):
+    with caplog.at_level(logging.DEBUG, logger="agent.claim.status"):
         assert all(agent.prepare(c).ok for c in claims)
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "resourceclaims/status" in warnings[0].getMessage()
@@ -128,7 +128,7 @@ def test_server_error_on_status_is_logged_with_claim_and_device_and_retried_next
 ) -> None:
     claim = agent.srv.put_object(make_claim("net", ["nic-1"]))
     agent.srv.fail_next(1, 500, verb="patch", path_contains="/status")
-    with caplog.at_level(logging.WARNING, logger="agent.claimstatus"):
+    with caplog.at_level(logging.WARNING, logger="agent.claim.status"):
         assert agent.prepare(claim).ok
     (record,) = caplog.records
     fields = record.__dict__
@@ -235,7 +235,7 @@ GRANULAR_REFUSAL = json.dumps({
 
 
 def test_granular_status_refusal_counts_as_forbidden() -> None:
-    from agent.claimstatus import ClaimStatusWriter
+    from agent.claim.status import ClaimStatusWriter
 
     assert ClaimStatusWriter._forbidden_field(422, GRANULAR_REFUSAL)
     other = GRANULAR_REFUSAL.replace(b"FieldValueForbidden", b"FieldValueInvalid")

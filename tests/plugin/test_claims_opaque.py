@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from agent.claims import (
+from agent.claim.model import (
     ClaimError,
     ClaimRef,
     ClaimReplacedError,
     parse_claim,
 )
-from agent.opaque import ConfigDecodeError, DeviceConfig, decode_config, merge_configs
+from agent.claim.opaque import ConfigDecodeError, DeviceConfig, decode_config, merge_configs
 from tests.plugin.conftest import DRIVER, make_claim
 
 GOOD = {"apiVersion": "dra-agent.io/v1alpha1", "kind": "DeviceConfig"}

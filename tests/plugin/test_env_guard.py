@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from agent.claims import ClaimRef, parse_claim
-from agent.opaque import ConfigDecodeError, merge_configs
+from agent.claim.model import ClaimRef, parse_claim
+from agent.claim.opaque import ConfigDecodeError, merge_configs
 from agent.prepare import CDIClaimSpecs, EnvOnlyEdits
 from agent.prepare.devices import SpecDevice
 from agent.prepare.errors import BadConfigError

@@ -15,7 +15,7 @@ import pytest
 
 from agent.checkpoint.model import ClaimState, decode
 from agent.checkpoint.store import CheckpointStore
-from agent.claims import parse_claim
+from agent.claim.model import parse_claim
 from agent.failpoints import (
     ENV,
     Action,
@@ -132,7 +132,7 @@ CHILD = textwrap.dedent("""
     import json, os, sys
     from pathlib import Path
     from agent.checkpoint.store import CheckpointStore
-    from agent.claims import parse_claim
+    from agent.claim.model import parse_claim
     from agent.failpoints import Failpoints
     from agent.prepare import CDIClaimSpecs, DevicePreparer, EnvOnlyEdits
     from discovery.model import Inventory

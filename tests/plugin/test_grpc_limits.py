@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.claims import ClaimNotFoundError, ClaimRef
+from agent.claim.model import ClaimNotFoundError, ClaimRef
 from agent.health import ChangeFeed, DeviceHealth, HealthServicer
 from agent.metrics import Metrics
 from agent.plugin import PluginOptions, PluginServer

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agent.checkpoint.store import CheckpointStore
-from agent.claims import parse_claim
+from agent.claim.model import parse_claim
 from agent.prepare import CDIClaimSpecs, DevicePreparer, EnvOnlyEdits
 from agent.prepare.cdispecs import DeviceEdits
 from agent.prepare.errors import BadConfigError, SpecWriteError

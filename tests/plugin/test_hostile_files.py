@@ -35,7 +35,7 @@ from agent.checkpoint.store import (
     CheckpointWriteError,
     read_boot_id,
 )
-from agent.claims import ClaimError, ClaimRef, parse_claim
+from agent.claim.model import ClaimError, ClaimRef, parse_claim
 from agent.prepare.cdispecs import MAX_SPEC_BYTES, CDIClaimSpecs, EnvOnlyEdits
 from tests.plugin.conftest import DRIVER, Node, make_claim
 

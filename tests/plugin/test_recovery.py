@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agent.checkpoint.model import CheckpointData, ClaimState, decode, encode
 from agent.checkpoint.store import CheckpointStore
-from agent.claims import ClaimRef
+from agent.claim.model import ClaimRef
 from tests.plugin.conftest import DRIVER, Node, make_claim
 
 

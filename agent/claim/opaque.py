@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.claims import encodes
+from agent.claim.model import encodes
 
 GROUP = "dra-agent.io"
 KIND = "DeviceConfig"
