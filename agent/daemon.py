@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.claim.model import ClaimFetchError, ClaimRef
-from agent.config import Config
+from agent.common.config import Config
+from agent.common.metrics import Metrics
 from agent.health.options import HealthOptions
-from agent.metrics import Metrics
 from agent.sdnotify import Notifier
 from discovery.model import Inventory
 from discovery.sources import Sources
@@ -273,7 +273,7 @@ class Daemon:
         self._publish(self.inventory)
 
     def _start_plugin(self, api_client: Any) -> None:
-        from agent.failpoints import FailpointConfigError, Failpoints
+        from agent.common.failpoints import FailpointConfigError, Failpoints
         from agent.plugin import AlreadyRunningError, PluginOptions, PluginServer, SocketError
         from cdi.edits import EditsProvider
 

@@ -12,8 +12,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from agent.config import Config, ConfigError, build_config, common_options, pop_config
-from agent.logs import JsonFormatter, LogfmtFormatter, setup_logging
+from agent.common.config import Config, ConfigError, build_config, common_options, pop_config
+from agent.common.logs import JsonFormatter, LogfmtFormatter, setup_logging
 
 
 @click.command()

@@ -9,7 +9,7 @@ not exclude anybody.
 A corrupt file never stops the agent and is never silently reset: it is renamed to
 ``<checkpoint>.corrupt-<unix ts>``, counted, logged, and the records that still parse are kept
 as *recovered* (their devices stay taken; the next prepare of such a claim starts over).
-"Corrupt" includes anything planted at the name (``agent.safefile``): a symlink, a FIFO, a
+"Corrupt" includes anything planted at the name (``agent.common.safefile``): a symlink, a FIFO, a
 device, a file over ``MAX_CHECKPOINT_BYTES``.
 
 Nothing in the plugin directory is followed or predictable: temp files get random names and
@@ -45,8 +45,8 @@ from agent.checkpoint.model import (
     encode,
     salvage,
 )
-from agent.metrics import Metrics
-from agent.safefile import UnsafeFileError, read_capped
+from agent.common.metrics import Metrics
+from agent.common.safefile import UnsafeFileError, read_capped
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

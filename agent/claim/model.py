@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.k8snames import dns_label_problem, dns_subdomain_problem
+from agent.common.k8snames import dns_label_problem, dns_subdomain_problem
 
 
 class ClaimError(Exception):

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from agent.common.metrics import Metrics
 from agent.kube.apiversions import CLAIM_API_VERSIONS, ServedVersions, discovery_probe
 from agent.kube.transport import KubeAPIError, as_kubehttp, parse_status
-from agent.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent.config import pop_config, shared_options
+from agent.common.config import pop_config, shared_options
 
 if TYPE_CHECKING:
     from cdi.edits import EditsProvider
@@ -154,7 +154,7 @@ def generate(
 ) -> None:
     """Print a CDI spec for the devices of this node (all when none is named)."""
     from agent.commands.discover import discover_for_command
-    from agent.logs import setup_logging
+    from agent.common.logs import setup_logging
     from cdi.edits import EditsProvider
     from cdi.errors import CDINameError
     from cdi.names import validate_kind

@@ -14,9 +14,9 @@ import click
 
 from agent.checkpoint.model import CheckpointCorruptError, ClaimRecord, decode
 from agent.checkpoint.store import MAX_CHECKPOINT_BYTES
-from agent.config import pop_config, shared_options
-from agent.metrics import label_value
-from agent.safefile import UnsafeFileError, read_capped
+from agent.common.config import pop_config, shared_options
+from agent.common.metrics import label_value
+from agent.common.safefile import UnsafeFileError, read_capped
 
 
 def load_records(path: Path) -> list[ClaimRecord]:

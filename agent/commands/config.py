@@ -32,7 +32,7 @@ def _key(param: click.Parameter) -> str:
 
 
 def _default(param: click.Parameter) -> Any:
-    from agent.config import Config
+    from agent.common.config import Config
 
     value = param.default
     # click >= 8.2 marks "no default" with a sentinel object rather than None.
@@ -99,7 +99,7 @@ def example() -> None:
 def check(file: str) -> None:
     """Read FILE as `run --config FILE` would; exit 0 if it is usable, 2 if not."""
     from agent.commands.run import command as run_command
-    from agent.config import pop_config
+    from agent.common.config import pop_config
 
     # Parsed as `run --config FILE`, so the file is merged exactly as it would be there: the
     # shared keys through Config, run's own keys cast by their click types.

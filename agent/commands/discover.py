@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent.config import Config, pop_config, shared_options
+from agent.common.config import Config, pop_config, shared_options
 
 if TYPE_CHECKING:
     from discovery.model import DriverResources, Inventory
@@ -75,7 +75,7 @@ def discover_for_command(cfg: Config) -> Inventory:
                 "config_file", "log_format", "verbosity")
 def command(output: str, topology: bool, **kwargs: Any) -> None:
     """Show the devices this node would publish (nothing is published)."""
-    from agent.logs import setup_logging
+    from agent.common.logs import setup_logging
     from discovery.pools import build_resources
     from discovery.report import table
     from discovery.report import topology as topology_view

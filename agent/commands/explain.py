@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent.config import pop_config, shared_options
+from agent.common.config import pop_config, shared_options
 from agent.explain.features import DEFAULTS, MODELLED_KUBERNETES
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent.config import common_options, pop_config
+from agent.common.config import common_options, pop_config
 
 if TYPE_CHECKING:
     from agent.health import HealthOptions
@@ -83,8 +83,8 @@ def _health_options(kwargs: dict[str, Any]) -> HealthOptions | None:
 @common_options
 def command(**kwargs: Any) -> None:
     """Run the agent: discover, publish ResourceSlices, serve the kubelet."""
+    from agent.common.logs import setup_logging
     from agent.daemon import Daemon, DaemonError, RunOptions
-    from agent.logs import setup_logging
 
     os.umask(0o077)  # what the agent creates (plugin dir, checkpoint, specs) is root's only
     cfg = pop_config(kwargs)

@@ -7,7 +7,7 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-from agent.config import Config
+from agent.common.config import Config
 from agent.explain.docs import InputError
 from agent.kube.transport import KubeAPIError, KubeHTTP
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
-from agent import quantity
+from agent.common import quantity
 
 
 class ValueParseError(ValueError):

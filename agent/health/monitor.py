@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from agent.common.metrics import Metrics
 from agent.health.gpu import SOURCE as GPU_SOURCE
 from agent.health.gpu import GpuWatcher, gpu_uuid
 from agent.health.model import ChangeFeed, Condition, DeviceHealth, HealthState, Kind
@@ -26,7 +27,6 @@ from agent.health.nic import NicProbe
 from agent.health.options import HealthOptions
 from agent.health.taints import apply_taints
 from agent.health.tracker import Tracker, Transition
-from agent.metrics import Metrics
 from discovery.hotplug import DeviceEvents
 from discovery.model import DeviceType, Inventory
 from discovery.sources import Sources

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.config import Config
+from agent.common.config import Config
 from agent.kube.transport import KubeHTTP, as_kubehttp
 
 log = logging.getLogger(__name__)

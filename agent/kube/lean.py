@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from agent.k8snames import dns_label_problem
+from agent.common.k8snames import dns_label_problem
 from agent.kube.transport import KubeHTTP
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.checkpoint.store import CheckpointStore, read_boot_id
-from agent.failpoints import Failpoints
-from agent.metrics import Metrics
+from agent.common.failpoints import Failpoints
+from agent.common.metrics import Metrics
 from agent.plugin.framework import APIClaimSource, ClaimSource, PluginFramework
 from agent.plugin.limits import MAX_STREAMS, StreamSlots, max_concurrent_rpcs, server_options
 from agent.plugin.registration import DRA_SERVICES, HEALTH_SERVICES, RegistrationServer

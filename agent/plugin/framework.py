@@ -6,8 +6,8 @@ it to the preparer, serialised per claim UID. The answer has exactly one entry p
 UID; a claim's failure is its own entry's error and never hides the others.
 
 After a successful prepare, the claim's NICs are reported in its ``status.devices``
-(``agent.claim.status``), best effort. Failpoints (``agent.failpoints``) mark the steps a crash
-test kills the agent at.
+(``agent.claim.status``), best effort. Failpoints (``agent.common.failpoints``) mark the steps
+a crash test kills the agent at.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from agent.claim.model import (
     parse_claim,
 )
 from agent.claim.status import ClaimStatusWriter, NicStatus
-from agent.failpoints import Failpoints, Point, hit
+from agent.common.failpoints import Failpoints, Point, hit
+from agent.common.metrics import Metrics
 from agent.kube.apiversions import CLAIM_API_VERSIONS, ServedVersions, discovery_probe
 from agent.kube.transport import KubeAPIError, as_kubehttp
-from agent.metrics import Metrics
 from agent.prepare.state import DevicePreparer
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from agent.claim.model import ClaimRef
-from agent.metrics import Metrics
+from agent.common.metrics import Metrics
 from agent.plugin.framework import ClaimOutcome, PluginFramework
 from protos.dra.v1 import api_pb2 as v1_pb2
 from protos.dra.v1 import api_pb2_grpc as v1_grpc

@@ -13,7 +13,7 @@
 * mode 0600 (``cdi.files.SPEC_FILE_MODE``, which says why), at most ``MAX_SPEC_BYTES``.
 
 At start-up the specs of ours are the evidence of what was prepared, so each file under one of
-our names is read as untrusted (``agent.safefile``): a symlink, FIFO, device, a file over the
+our names is read as untrusted (``agent.common.safefile``): a symlink, FIFO, device, a file over the
 cap, or one that does not parse (too deep, bad UTF-8) is set aside as
 ``.<name>.corrupt-<unix ts>`` (a name runtimes ignore), logged once, and its UID still counts
 with no devices. A claim whose record survives gets its spec rewritten on the next prepare.
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from agent.claim.model import ClaimRef, uid_problem
-from agent.k8snames import dns_label_problem
+from agent.common.k8snames import dns_label_problem
+from agent.common.safefile import UnsafeFileError, read_capped
 from agent.prepare.devices import SpecDevice
-from agent.safefile import UnsafeFileError, read_capped
 from cdi.annotations import annotations_for
 from cdi.errors import CDIWriteError
 from cdi.files import claim_spec_file_name, remove_spec, write_spec

@@ -35,8 +35,8 @@ from agent.claim.model import (
 )
 from agent.claim.opaque import ConfigDecodeError, DeviceConfig, merge_configs
 from agent.claim.status import NicStatus
-from agent.failpoints import Failpoints, Point, hit
-from agent.metrics import ClaimDevice, Metrics
+from agent.common.failpoints import Failpoints, Point, hit
+from agent.common.metrics import ClaimDevice, Metrics
 from agent.prepare.devices import (
     NETDEV_TYPES,
     SpecDevice,
@@ -145,7 +145,7 @@ class DevicePreparer:
         self.inventory = inventory
         self.boot_id = boot_id
         self.metrics = metrics or Metrics()
-        #: Crash-test hooks (``agent.failpoints``); None in normal operation.
+        #: Crash-test hooks (``agent.common.failpoints``); None in normal operation.
         self.failpoints = failpoints
 
     # -- start-up -------------------------------------------------------------------------

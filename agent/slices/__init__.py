@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from agent.metrics import Metrics
+from agent.common.metrics import Metrics
 from agent.slices.api import ApiError, KubeSliceClient, SliceClient
 from agent.slices.chunk import chunk_devices
 from agent.slices.controller import Controller, Timing

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from agent.quantity import QuantityError, parse_quantity
+from agent.common.quantity import QuantityError, parse_quantity
 
 #: A server-set timeAdded may differ from ours by the rounding to whole seconds.
 TIME_ADDED_TOLERANCE_S = 1.0

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from agent.metrics import Metrics
+from agent.common.metrics import Metrics
 from agent.slices.api import ApiError, SliceClient
 from agent.slices.backoff import Backoff
 from agent.slices.errors import PublishError, RejectedSliceError

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent.metrics import Metrics
+from agent.common.metrics import Metrics
 from agent.slices.api import ApiError, SliceClient
 from agent.slices.compare import dropped_fields, likely_gates
 from agent.slices.errors import DroppedFieldsError, RejectedSliceError

@@ -14,8 +14,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.k8snames import dns_label_problem, dns_subdomain_problem
-from agent.quantity import is_quantity
+from agent.common.k8snames import dns_label_problem, dns_subdomain_problem
+from agent.common.quantity import is_quantity
 from discovery.model import Pool
 
 MAX_DEVICES = 128

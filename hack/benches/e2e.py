@@ -97,7 +97,7 @@ class _Unplug:
 
 
 def hotplug_to_published(rounds: int) -> tuple[list[float], list[float]]:
-    from agent.config import Config
+    from agent.common.config import Config
     from agent.daemon import Daemon, RunOptions
     from discovery.simulate import simulated_sources
     from tests.fakes.apiserver import FakeAPIServer

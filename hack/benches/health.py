@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from agent import slices
+from agent.common.metrics import Metrics
 from agent.health import DeviceHealth, HealthMonitor, HealthOptions, HealthServicer
 from agent.health.nic import NicProbe
-from agent.metrics import Metrics
 from agent.plugin import PluginOptions, PluginServer
 from discovery.model import Inventory
 from discovery.pools import build_resources

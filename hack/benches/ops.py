@@ -11,8 +11,8 @@ import http.client
 import statistics
 import time
 
+from agent.common.metrics import Metrics
 from agent.httpserver import HealthServer
-from agent.metrics import Metrics
 from hack.benches import Figure
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from agent.checkpoint.store import durable_write
 from agent.claim.model import ClaimRef
-from agent.metrics import Metrics
+from agent.common.metrics import Metrics
 from agent.plugin import PluginOptions, PluginServer
 from agent.plugin.framework import APIClaimSource
 from agent.prepare import EnvOnlyEdits

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agent.config import Config
+from agent.common.config import Config
 from agent.daemon import Daemon, RunOptions
 from agent.health import HealthOptions
 from discovery.simulate import FakeNvml

@@ -48,8 +48,8 @@ ENV = "DRA_AGENT_FAILPOINTS"
 
 
 def test_every_failpoint_of_the_agent_is_covered() -> None:
-    from agent.failpoints import ENV as AGENT_ENV
-    from agent.failpoints import Point
+    from agent.common.failpoints import ENV as AGENT_ENV
+    from agent.common.failpoints import Point
 
     assert AGENT_ENV == ENV
     assert {p.value for p in Point} == set(PREPARE_POINTS + UNPREPARE_POINTS)

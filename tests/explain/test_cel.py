@@ -130,7 +130,7 @@ def _outcome(env, cs, device):
 
 
 def test_daemon_imports_never_load_the_cel_engine():
-    code = ("import sys, agent.cli, agent.explain, agent.config\n"
+    code = ("import sys, agent.cli, agent.explain, agent.common.config\n"
             "assert 'cel' not in sys.modules and 'cel.cel' not in sys.modules, 'cel loaded'\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr

@@ -8,7 +8,7 @@ import yaml
 from click.testing import CliRunner
 
 from agent.cli import main
-from agent.config import Config
+from agent.common.config import Config
 from agent.explain import explain
 from agent.explain.sources import slices_from_discovery
 from tests.explain.builders import CLASSES, DRIVER, allocated, claim, dgx_slice, exactly

@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 from agent.claim.model import ClaimNotFoundError, ClaimRef
-from agent.metrics import Metrics
+from agent.common.metrics import Metrics
 from agent.plugin import PluginOptions, PluginServer
 from discovery.model import Inventory
 from protos.dra.v1 import api_pb2, api_pb2_grpc

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
+from agent.common.metrics import Metrics
 from agent.health import DeviceHealth, HealthMonitor, HealthOptions, HealthState
-from agent.metrics import Metrics
 from discovery.hotplug import DeviceEvent
 from tests.health.conftest import Node
 from tests.waiting import wait_for

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent import slices
+from agent.common.metrics import Metrics
 from agent.health import DeviceHealth, HealthMonitor, HealthOptions
-from agent.metrics import Metrics
 from agent.slices import Owner, Timing
 from discovery.pools import build_resources
 from tests.fakes.apiserver import FakeAPIServer

@@ -16,7 +16,7 @@ from typing import Any
 import cel
 import pytest
 
-from agent.config import ALL_DEVICE_TYPES, DEFAULT_DRIVER
+from agent.common.config import ALL_DEVICE_TYPES, DEFAULT_DRIVER
 from discovery.model import PCIE_ROOT, Device, DeviceType, Version
 from tests.conftest import REPO
 from tests.ops.openapi import load_documents

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from agent.cli import main
 from agent.commands.run import command as run_command
-from agent.config import pop_config
+from agent.common.config import pop_config
 
 KEY = re.compile(r"^#([a-z][a-z-]*):", re.MULTILINE)
 

@@ -27,7 +27,7 @@ import yaml
 
 from agent import __version__
 from agent.commands.run import command as run_command
-from agent.config import ALL_DEVICE_TYPES, Config, pop_config
+from agent.common.config import ALL_DEVICE_TYPES, Config, pop_config
 from agent.httpserver import parse_address
 from tests.conftest import REPO
 from tests.ops.kustomize import render

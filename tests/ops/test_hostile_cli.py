@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from agent.cli import main
-from agent.config import Config
+from agent.common.config import Config
 
 HOSTILE: dict[str, bytes] = {
     "binary": bytes(range(256)) * 4,

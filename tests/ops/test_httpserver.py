@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
+from agent.common.metrics import Metrics
 from agent.httpserver import HealthServer, HealthServerError, parse_address
-from agent.metrics import Metrics
 
 
 def _get(

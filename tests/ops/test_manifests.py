@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from agent import __version__
-from agent.config import Config
+from agent.common.config import Config
 from agent.httpserver import parse_address
 from tests.conftest import REPO
 from tests.ops.kustomize import KustomizeError, render

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import pytest
 
-from agent.config import Config, common_options
+from agent.common.config import Config, common_options
 from agent.httpserver import parse_address
 from tests.conftest import REPO
 

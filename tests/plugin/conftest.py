@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from agent.claim.model import ClaimNotFoundError, ClaimRef
-from agent.metrics import Metrics
+from agent.common.metrics import Metrics
 from agent.plugin import PluginOptions, PluginServer
 from cdi.spec import ContainerEdits, DeviceNode
 from discovery.model import Device, DeviceType, HostInfo, Inventory

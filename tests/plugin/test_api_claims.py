@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.claim.model import ClaimFetchError, ClaimNotFoundError, ClaimRef
-from agent.metrics import Metrics
+from agent.common.metrics import Metrics
 from agent.plugin import PluginServer
 from agent.plugin.framework import APIClaimSource
 from discovery.model import Inventory

@@ -19,7 +19,7 @@ from agent.checkpoint.model import (
     encode,
 )
 from agent.checkpoint.store import CheckpointStore, read_boot_id
-from agent.metrics import Metrics
+from agent.common.metrics import Metrics
 
 
 def record(uid: str, device: str = "gpu-0", state: ClaimState = ClaimState.PREPARE_COMPLETED):

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.checkpoint.model import checksum, decode, encode
-from agent.metrics import LABEL_VALUE_MAX, Metrics
+from agent.common.metrics import LABEL_VALUE_MAX, Metrics
 from tests.plugin.conftest import NODE, Node, make_claim
 
 GPU0_UUID = "GPU-3a8b0c1d-0000-4000-8000-000000000000"

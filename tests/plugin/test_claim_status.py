@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agent.claim.status import ClaimStatusWriter, NicStatus, device_entries, up_to_date
-from agent.metrics import Metrics
+from agent.common.metrics import Metrics
 from agent.plugin import PluginServer
 from discovery.model import Device, DeviceType, HostInfo, Inventory
 from tests.fakes.apiserver import FakeAPIServer

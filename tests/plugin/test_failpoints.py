@@ -16,7 +16,7 @@ import pytest
 from agent.checkpoint.model import ClaimState, decode
 from agent.checkpoint.store import CheckpointStore
 from agent.claim.model import parse_claim
-from agent.failpoints import (
+from agent.common.failpoints import (
     ENV,
     Action,
     FailpointConfigError,
@@ -133,7 +133,7 @@ CHILD = textwrap.dedent("""
     from pathlib import Path
     from agent.checkpoint.store import CheckpointStore
     from agent.claim.model import parse_claim
-    from agent.failpoints import Failpoints
+    from agent.common.failpoints import Failpoints
     from agent.prepare import CDIClaimSpecs, DevicePreparer, EnvOnlyEdits
     from discovery.model import Inventory
     from tests.plugin.conftest import DRIVER, NODE, gpu

@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 from agent.claim.model import ClaimNotFoundError, ClaimRef
+from agent.common.metrics import Metrics
 from agent.health import ChangeFeed, DeviceHealth, HealthServicer
-from agent.metrics import Metrics
 from agent.plugin import PluginOptions, PluginServer
 from agent.plugin.framework import MAX_CLAIMS_PER_CALL
 from agent.plugin.limits import MAX_STREAMS

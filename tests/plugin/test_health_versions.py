@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
+from agent.common.metrics import Metrics
 from agent.health import (
     HEALTH_SERVICES,
     ChangeFeed,
@@ -21,7 +22,6 @@ from agent.health import (
     HealthState,
     Kind,
 )
-from agent.metrics import Metrics
 from agent.plugin import PluginOptions, PluginServer
 from agent.plugin.limits import MAX_STREAMS
 from agent.plugin.registration import HEALTH_SERVICES as ADVERTISED

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agent.config import Config
+from agent.common.config import Config
 from agent.daemon import Daemon, RunOptions
 from agent.health import HEALTH_SERVICES, HealthOptions
 from discovery.simulate import FakeNvml

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from agent.metrics import Metrics
+from agent.common.metrics import Metrics
 from agent.slices import Controller, Owner, PoolValidationError, RejectedSliceError, Timing, start
 from agent.slices.sync import DesiredPool, SliceContent, desired_spec
 from discovery.model import DriverResources, Pool

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from agent.commands.discover import run_discovery
-from agent.config import Config
+from agent.common.config import Config
 from agent.slices import Owner
 from agent.slices.compare import dropped_fields, likely_gates
 from agent.slices.render import render_slices
@@ -137,7 +137,7 @@ def test_controller_adapts_to_what_the_server_drops(
     """The agent's controller itself, in process, publishing tainted devices: on a server that
     drops taints (1.35) it reports that once, naming the gate, and then writes nothing more;
     on 1.37 nothing is dropped. Either way the pool is complete and stays put."""
-    from agent.metrics import Metrics
+    from agent.common.metrics import Metrics
     from agent.slices import Timing, start
     from agent.slices.errors import DroppedFieldsError
 

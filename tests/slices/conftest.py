@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent.metrics import Metrics
+from agent.common.metrics import Metrics
 from agent.slices import Controller, Owner, Timing, start
 from discovery.model import DriverResources
 from tests.fakes.apiserver import FakeAPIServer

@@ -4,7 +4,7 @@ from fractions import Fraction
 
 import pytest
 
-from agent.quantity import QuantityError, parse_quantity
+from agent.common.quantity import QuantityError, parse_quantity
 from agent.slices.compare import (
     copy_taint_times,
     devices_equal,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import Config
+from agent.common.config import Config
 from agent.kube.client import KubeConfigError, api_client, resolve_source
 
 KUBECONFIG = """

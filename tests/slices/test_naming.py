@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from agent.k8snames import dns_subdomain_problem
+from agent.common.k8snames import dns_subdomain_problem
 from agent.slices.naming import decode_index, encode_index, generate_name, index_width
 
 
