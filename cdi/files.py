@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from cdi.errors import CDISpecError, CDIWriteError
 from cdi.names import validate_class, validate_vendor
+from cdi.parse import spec_from_dict
 from cdi.spec import Spec
 
 #: Claim specs are readable by root only. They carry the claim's environment (its opaque
@@ -189,7 +190,7 @@ def read_spec(path: Path) -> Spec:
         except ValueError as err:
             raise CDISpecError(f"not valid JSON: {err}", path) from err
     try:
-        return Spec.from_dict(data)
+        return spec_from_dict(data)
     except CDISpecError as err:
         raise CDISpecError(err.reason, path) from err
     except ValueError as err:

@@ -11,8 +11,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cdi.errors import CDISpecError
-from cdi.spec import CDIDevice, ContainerEdits, DeviceNode, Hook, Mount, NetDevice, Spec
-from cdi.version import KNOWN_VERSIONS, minimal_version, version_key
+from cdi.spec import (
+    CDIDevice,
+    ContainerEdits,
+    DeviceNode,
+    Hook,
+    Mount,
+    NetDevice,
+    Spec,
+    minimal_version,
+)
+from cdi.version import KNOWN_VERSIONS, version_key
 
 
 def edits_from_dict(data: Any, where: str) -> ContainerEdits:

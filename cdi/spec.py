@@ -1,9 +1,9 @@
 """The CDI spec model: frozen dataclasses with exact camelCase conversion both ways.
 
 ``to_dict`` emits keys in a fixed order and only the fields that are set, so the same spec
-always serialises to the same bytes. ``from_dict`` is strict like the reference library (an
-unknown key is an error) and accepts what we write, plus the other fields of cdiVersion
-<= 0.5.0 that we model.
+always serialises to the same bytes, with the lowest ``cdiVersion`` that covers it
+(``minimal_version``). Reading a spec back is ``cdi.parse``'s job: this module does not import
+it, so the model has no cycle.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from cdi.errors import CDINameError, CDISpecError
 from cdi.names import validate_device_name, validate_kind
-from cdi.version import minimal_version
+from cdi.version import BASELINE, version_key
 
 HOOK_NAMES = frozenset(
     {"prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"}
@@ -203,12 +203,6 @@ class ContainerEdits:
         if len(set(hosts)) != len(hosts) or len(set(names)) != len(names):
             raise CDISpecError(f"{where}: a netDevices interface appears twice")
 
-    @classmethod
-    def from_dict(cls, data: Any, where: str) -> ContainerEdits:
-        from cdi.parse import edits_from_dict
-
-        return edits_from_dict(data, where)
-
 
 @dataclass(frozen=True, slots=True)
 class CDIDevice:
@@ -267,9 +261,31 @@ class Spec:
             out["containerEdits"] = self.container_edits.to_dict()
         return out
 
-    @classmethod
-    def from_dict(cls, data: Any) -> Spec:
-        """Parse a spec document; raise ``CDISpecError`` (or ``CDINameError``) on bad input."""
-        from cdi.parse import spec_from_dict
 
-        return spec_from_dict(data)
+# Runtimes refuse versions newer than the CDI library they vendored (Debian 12's knows up to
+# 0.5.0, containerd 1.7 vendored 0.5.x/0.6.x), so we write the minimum, never the newest.
+# The rules mirror the reference library's "minimum required version" table.
+def _edits_version(edits: ContainerEdits) -> str:
+    if edits.net_devices:
+        return "1.1.0"
+    if any(node.host_path is not None for node in edits.device_nodes):
+        return "0.5.0"
+    if any(mount.type for mount in edits.mounts):
+        return "0.4.0"
+    return BASELINE
+
+
+def minimal_version(spec: Spec) -> str:
+    """The lowest cdiVersion whose features cover ``spec``.
+
+    0.3.0 baseline; 0.4.0 for a mount ``type``; 0.5.0 for a node ``hostPath`` or a device name
+    starting with a digit; 0.6.0 for a '.' in the class; 1.1.0 for ``netDevices``.
+    """
+    needed = [_edits_version(spec.container_edits)]
+    for device in spec.devices:
+        needed.append(_edits_version(device.container_edits))
+        if device.name[:1].isdigit():
+            needed.append("0.5.0")
+    if "." in spec.kind.partition("/")[2]:
+        needed.append("0.6.0")
+    return max(needed, key=version_key)
