@@ -7,10 +7,10 @@ Resolution order for ``--kubeconfig`` (DESIGN.md, "Command line"):
 * empty: in-cluster (``KUBERNETES_SERVICE_HOST`` plus the ServiceAccount token), else the
   ``KUBECONFIG`` environment variable, else ``~/.kube/config``.
 
-Credentials are loaded by ``agent.kube.lean`` (no ``kubernetes`` import: it costs ~30 MiB
-resident); only kubeconfigs that need exec plugins or auth providers go through the official
-``kubernetes.config`` loader. Commands that never talk to the API server (``discover``,
-``cdi generate``) import none of it.
+Credentials are loaded by ``agent.kube.kubeconfig`` and ``agent.kube.incluster`` and served by
+``agent.kube.lean`` (no ``kubernetes`` import: it costs ~30 MiB resident); only kubeconfigs that
+need exec plugins or auth providers go through the official ``kubernetes.config`` loader. Commands
+that never talk to the API server (``discover``, ``cdi generate``) import none of it.
 """
 
 from __future__ import annotations
@@ -96,13 +96,10 @@ def api_client(
     loader (no ``kubernetes`` import) is used whenever it can; a kubeconfig that needs exec
     plugins or auth providers is loaded by the official ``kubernetes.config`` instead.
     """
-    from agent.kube.lean import (
-        CredentialsError,
-        NeedsOfficialLoaderError,
-        lean_client,
-        load_in_cluster,
-        load_kubeconfig,
-    )
+    from agent.kube.credentials import CredentialsError, NeedsOfficialLoaderError
+    from agent.kube.incluster import load_in_cluster
+    from agent.kube.kubeconfig import load_kubeconfig
+    from agent.kube.lean import lean_client
 
     value = config.kubeconfig if isinstance(config, Config) else config
     environ = os.environ if env is None else env

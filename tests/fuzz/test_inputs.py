@@ -37,7 +37,8 @@ from agent.checkpoint.model import (
 )
 from agent.claim.model import ClaimError, ClaimRef, parse_claim, uid_problem
 from agent.claim.opaque import ConfigDecodeError, env_denied, merge_configs
-from agent.kube.lean import CredentialsError, load_kubeconfig
+from agent.kube.credentials import CredentialsError
+from agent.kube.kubeconfig import load_kubeconfig
 from agent.prepare.cdispecs import CDIClaimSpecs, EnvOnlyEdits
 from tests.fuzz import strategies as fs
 from tests.fuzz.conftest import DRIVER, NODE

@@ -9,13 +9,10 @@ from pathlib import Path
 import pytest
 
 from agent.kube.client import KubeConfigError, api_client
-from agent.kube.lean import (
-    CredentialsError,
-    LeanBackend,
-    NeedsOfficialLoaderError,
-    load_in_cluster,
-    load_kubeconfig,
-)
+from agent.kube.credentials import CredentialsError, NeedsOfficialLoaderError
+from agent.kube.incluster import load_in_cluster
+from agent.kube.kubeconfig import load_kubeconfig
+from agent.kube.lean import LeanBackend
 from tests.kubehttp.conftest import Pki, kubeconfig
 
 SERVER = {"server": "https://10.0.0.1:6443"}
@@ -156,7 +153,7 @@ def test_in_cluster_without_its_parts_says_which(tmp_path: Path, missing: str) -
 
 
 def test_repr_of_credentials_leaks_no_secret() -> None:
-    from agent.kube.lean import Credentials
+    from agent.kube.credentials import Credentials
 
     creds = Credentials(server="https://k", token="tok-SECRET", password="pw-SECRET",
                         key_data=b"key-SECRET", username="admin")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agent.kube.lean import RECHECK_S, Credentials, LeanBackend, load_in_cluster
+from agent.kube.credentials import Credentials
+from agent.kube.incluster import load_in_cluster
+from agent.kube.lean import RECHECK_S, LeanBackend
 from agent.kube.transport import KubeHTTP
 from tests.kubehttp.conftest import Answer, EchoServer, FakeClock, Pki
 

@@ -161,6 +161,6 @@ def test_response_json_of_an_empty_body_is_empty() -> None:
 
 
 def _creds(echo: EchoServer):  # type: ignore[no-untyped-def]
-    from agent.kube.lean import Credentials
+    from agent.kube.credentials import Credentials
 
     return Credentials(server=echo.url(), token="t")
