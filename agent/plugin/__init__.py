@@ -37,6 +37,7 @@ from agent.plugin.sockets import (
     socket_paths,
 )
 from agent.prepare.cdispecs import CDIClaimSpecs, DeviceEdits
+from agent.prepare.recovery import recover
 from agent.prepare.state import DevicePreparer
 from discovery.model import Inventory
 
@@ -133,7 +134,7 @@ class PluginServer:
         try:
             self.paths.plugin_dir.mkdir(parents=True, exist_ok=True)
             with self.framework.exclusive():
-                self.preparer.recover()
+                recover(self.preparer)
             self._serve_dra()
             self.registration.start()
         except BaseException:

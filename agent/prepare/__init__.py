@@ -1,8 +1,15 @@
 """Device preparation for claims: knows devices, checkpoint and CDI, nothing of gRPC."""
 
-from agent.prepare.cdispecs import CDIClaimSpecs, CommonEdits, DeviceEdits, EnvOnlyEdits
+from agent.prepare.cdispecs import (
+    CDIClaimSpecs,
+    ClaimSpecs,
+    CommonEdits,
+    DeviceEdits,
+    EnvOnlyEdits,
+)
 from agent.prepare.devices import SpecDevice
-from agent.prepare.state import ClaimSpecs, DevicePreparer, RecoveryReport
+from agent.prepare.recovery import RecoveryReport, recover
+from agent.prepare.state import DevicePreparer
 
 __all__ = [
     "CDIClaimSpecs",
@@ -13,4 +20,5 @@ __all__ = [
     "EnvOnlyEdits",
     "RecoveryReport",
     "SpecDevice",
+    "recover",
 ]

@@ -49,6 +49,30 @@ CLASS = "claim"
 MAX_SPEC_BYTES = 16 << 20
 
 
+class ClaimSpecs(Protocol):
+    """The per-claim CDI spec files (the seam to ``cdi``; tests may pass their own)."""
+
+    def cdi_id(self, claim_uid: str, device: str) -> str: ...
+
+    def path(self, claim_uid: str) -> Path: ...
+
+    def write(self, claim: ClaimRef, devices: Sequence[SpecDevice], env: Sequence[str]) -> Path:
+        """Write the claim's spec durably; raise OSError-derived errors on failure."""
+        ...
+
+    def remove(self, claim_uid: str) -> None: ...
+
+    def claim_devices(self) -> dict[str, list[str]]:
+        """Claim UID -> device names, for every claim spec of ours in the CDI directory;
+        an unreadable one is set aside and listed in ``corrupt_copies``."""
+        ...
+
+    @property
+    def corrupt_copies(self) -> list[Path]: ...
+
+    def annotations(self, claim_uid: str, cdi_ids: Sequence[str]) -> dict[str, str]: ...
+
+
 class DeviceEdits(Protocol):
     """Hardware container edits of one device (``cdi.edits.EditsProvider`` fits).
 

@@ -9,6 +9,7 @@ answers with the devices to hand to the kubelet. It owns three facts:
 * the CDI spec of each claim (``ClaimSpecs``).
 
 The framework serialises calls per claim; calls for different claims run in parallel here.
+Start-up recovery, which builds on the same steps, is ``agent.prepare.recovery``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ import logging
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Protocol
 
 from agent.checkpoint.model import ClaimRecord, ClaimState, PreparedDevice
 from agent.checkpoint.store import CheckpointStore, CheckpointWriteError
@@ -37,6 +37,7 @@ from agent.claim.opaque import ConfigDecodeError, DeviceConfig, merge_configs
 from agent.claim.status import NicStatus
 from agent.common.failpoints import Failpoints, Point, hit
 from agent.common.metrics import ClaimDevice, Metrics
+from agent.prepare.cdispecs import ClaimSpecs
 from agent.prepare.devices import (
     NETDEV_TYPES,
     SpecDevice,
@@ -57,46 +58,11 @@ from discovery.model import Device, Inventory
 log = logging.getLogger(__name__)
 
 
-class ClaimSpecs(Protocol):
-    """The per-claim CDI spec files (the seam to ``cdi``; tests may pass their own)."""
-
-    def cdi_id(self, claim_uid: str, device: str) -> str: ...
-
-    def path(self, claim_uid: str) -> Path: ...
-
-    def write(self, claim: ClaimRef, devices: Sequence[SpecDevice], env: Sequence[str]) -> Path:
-        """Write the claim's spec durably; raise OSError-derived errors on failure."""
-        ...
-
-    def remove(self, claim_uid: str) -> None: ...
-
-    def claim_devices(self) -> dict[str, list[str]]:
-        """Claim UID -> device names, for every claim spec of ours in the CDI directory;
-        an unreadable one is set aside and listed in ``corrupt_copies``."""
-        ...
-
-    @property
-    def corrupt_copies(self) -> list[Path]: ...
-
-    def annotations(self, claim_uid: str, cdi_ids: Sequence[str]) -> dict[str, str]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryReport:
-    rolled_back: tuple[str, ...] = ()
-    orphans_removed: tuple[str, ...] = ()
-    adopted: tuple[str, ...] = ()
-    #: Completed claims whose stale or lost spec was written again from the checkpoint.
-    rebuilt: tuple[str, ...] = ()
-    #: Claims whose spec could not be rebuilt (a device gone, ...): claim UID -> reason.
-    not_rebuilt: tuple[tuple[str, str], ...] = ()
-
-
-def _now() -> str:
+def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _put(record: ClaimRecord) -> Callable[[dict[str, ClaimRecord]], None]:
+def put_record(record: ClaimRecord) -> Callable[[dict[str, ClaimRecord]], None]:
     """A checkpoint change that stores ``record`` (bound now, not when the loop moves on)."""
     return lambda claims: claims.__setitem__(record.uid, record)
 
@@ -148,124 +114,6 @@ class DevicePreparer:
         #: Crash-test hooks (``agent.common.failpoints``); None in normal operation.
         self.failpoints = failpoints
 
-    # -- start-up -------------------------------------------------------------------------
-
-    def recover(self) -> RecoveryReport:
-        """Finish what a crash interrupted; run once before serving.
-
-        PrepareStarted records are rolled back (the kubelet will ask again). Spec files of ours
-        that no record explains are removed, unless the checkpoint was just found corrupt: then
-        they are the best evidence of what is prepared, so they are adopted as recovered
-        records that keep their devices reserved.
-        """
-        records = self.checkpoint.claims()
-        corrupt = bool(self.checkpoint.corrupt_copies)
-        set_aside = len(self.specs.corrupt_copies)
-        on_disk = self.specs.claim_devices()
-        self.metrics.cdi_spec_corrupt.inc(len(self.specs.corrupt_copies) - set_aside)
-        rolled_back = [u for u, r in records.items() if r.state is ClaimState.PREPARE_STARTED]
-        orphans = [u for u in on_disk if u not in records]
-        for uid in rolled_back:
-            self.specs.remove(uid)
-        adopted: dict[str, ClaimRecord] = {}
-        if corrupt:
-            for uid in orphans:
-                adopted[uid] = ClaimRecord(
-                    uid=uid, namespace="", name="", state=ClaimState.PREPARE_COMPLETED,
-                    devices=tuple(
-                        PreparedDevice(pool=self.pool, device=d, requests=(),
-                                       cdi_ids=(self.specs.cdi_id(uid, d),))
-                        for d in on_disk[uid]
-                    ),
-                    spec_path=str(self.specs.path(uid)), boot_id=self.boot_id,
-                    updated=_now(), recovered=True,
-                )
-        else:
-            for uid in orphans:
-                self.specs.remove(uid)
-
-        def change(claims: dict[str, ClaimRecord]) -> None:
-            for uid in rolled_back:
-                claims.pop(uid, None)
-            claims.update(adopted)
-
-        self.checkpoint.update(change)
-        rebuilt, not_rebuilt = self._rebuild_specs()
-        report = RecoveryReport(
-            rolled_back=tuple(rolled_back),
-            orphans_removed=() if corrupt else tuple(orphans),
-            adopted=tuple(adopted),
-            rebuilt=rebuilt,
-            not_rebuilt=not_rebuilt,
-        )
-        if rolled_back or orphans:
-            log.warning(
-                "recovered from an interrupted run",
-                extra={
-                    "rolled_back": ",".join(report.rolled_back),
-                    "orphans_removed": ",".join(report.orphans_removed),
-                    "adopted": ",".join(report.adopted),
-                },
-            )
-        self._update_gauges()
-        return report
-
-    def _rebuild_specs(self) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
-        """Rewrite the spec of every completed claim whose spec is lost or from another boot.
-
-        Containers of running pods restart after a reboot without the kubelet preparing their
-        claims first, so a spec that only comes back on the next prepare is a failed container
-        start. The spec is built from the record's allocation and the *current* inventory (a
-        device node's minor can change across a reboot). A claim that cannot be rebuilt is
-        reported once here and left stale: start-up goes on, and the kubelet's next prepare
-        gets the same reason as a per-claim error.
-        """
-        rebuilt: list[str] = []
-        failed: list[tuple[str, str]] = []
-        inventory: dict[str, Device] | None = None
-        for uid, record in sorted(self.checkpoint.claims().items()):
-            if not record.completed or record.recovered or not self._spec_stale(record):
-                continue
-            ref = ClaimRef(namespace=record.namespace, name=record.name, uid=uid)
-            claim = self.recorded_claim(ref, record)
-            if claim is None:
-                failed.append((uid, "no_allocation"))
-                self.metrics.spec_rebuild_errors.labels("no_allocation").inc()
-                log.warning(
-                    "cannot rebuild CDI spec at start-up: the record keeps no allocation "
-                    "(written by an older version); the next prepare rewrites it",
-                    extra={"claim": uid},
-                )
-                continue
-            if inventory is None:
-                try:
-                    inventory = self.inventory().by_name()
-                except Exception as err:  # discovery failing must not keep the plugin down
-                    log.error("cannot rebuild CDI specs at start-up: no inventory",
-                              extra={"claim": uid, "error": str(err)})
-                    self.metrics.spec_rebuild_errors.labels("inventory").inc()
-                    return tuple(rebuilt), ((uid, "inventory"),)
-            try:
-                devices = [self._spec_device(claim, r, inventory)
-                           for r in claim.results_for(self.driver)]
-                self._write_spec(ref, devices)
-                fresh = replace(record, boot_id=self.boot_id, updated=_now(),
-                                devices=identified(record.devices, self.pool, inventory))
-                self._checkpoint(ref, _put(fresh))
-            except ClaimError as err:
-                failed.append((uid, err.reason))
-                self.metrics.spec_rebuild_errors.labels(err.reason).inc()
-                log.error(
-                    "cannot rebuild CDI spec at start-up",
-                    extra={"claim": uid, "reason": err.reason, "error": str(err)},
-                )
-                continue
-            rebuilt.append(uid)
-            self.metrics.specs_rebuilt.inc()
-            log.info("rebuilt CDI spec of a prepared claim at start-up",
-                     extra={"claim": uid, "devices": len(devices)})
-        return tuple(rebuilt), tuple(failed)
-
     # -- prepare --------------------------------------------------------------------------
 
     def prepare(self, claim: Claim) -> ClaimRecord:
@@ -277,7 +125,7 @@ class DevicePreparer:
         if existing is not None and existing.completed and not existing.recovered:
             return self._repeat(claim, existing, results)
         inventory = self.inventory().by_name()
-        spec_devices = [self._spec_device(claim, r, inventory) for r in results]
+        spec_devices = [self.spec_device(claim, r, inventory) for r in results]
         check_pod_interfaces(ref, spec_devices)
         prepared = identified([self._prepared(ref, r) for r in results], self.pool, inventory)
         spec_path = str(self.specs.path(ref.uid))
@@ -286,7 +134,7 @@ class DevicePreparer:
             uid=ref.uid, namespace=ref.namespace, name=ref.name,
             state=ClaimState.PREPARE_STARTED, devices=prepared,
             cdi_annotations=self.specs.annotations(ref.uid, cdi_ids) if cdi_ids else {},
-            spec_path=spec_path, boot_id=self.boot_id, updated=_now(),
+            spec_path=spec_path, boot_id=self.boot_id, updated=now(),
             allocation=allocation_json(claim, self.driver),
         )
 
@@ -299,19 +147,19 @@ class DevicePreparer:
         # thing on disk is the claim's CDI spec, named by its UID, and start-up removes a spec
         # that no completed record explains. That is the same roll-back, one durable write
         # cheaper. A preparation with host side effects beyond the spec must make it durable.
-        self._checkpoint(ref, start, durable=False)
+        self.store(ref, start, durable=False)
         try:
             hit(self.failpoints, Point.PREPARE_AFTER_STARTED, ref.uid)
             if spec_devices:
-                self._write_spec(ref, spec_devices)
+                self.write_spec(ref, spec_devices)
             hit(self.failpoints, Point.PREPARE_AFTER_SPEC_WRITTEN, ref.uid)
-            done = record.with_state(ClaimState.PREPARE_COMPLETED, _now())
-            self._checkpoint(ref, lambda claims: claims.__setitem__(ref.uid, done))
+            done = record.with_state(ClaimState.PREPARE_COMPLETED, now())
+            self.store(ref, lambda claims: claims.__setitem__(ref.uid, done))
             hit(self.failpoints, Point.PREPARE_AFTER_COMPLETED, ref.uid)
         except BaseException:
             self._rollback(ref.uid)
             raise
-        self._update_gauges()
+        self.update_gauges()
         return done
 
     def prepare_recorded(self, ref: ClaimRef) -> ClaimRecord | None:
@@ -330,7 +178,7 @@ class DevicePreparer:
             return None
         if (existing.namespace, existing.name) != (ref.namespace, ref.name):
             return None
-        if not self._spec_stale(existing):
+        if not self.spec_stale(existing):
             return existing
         claim = self.recorded_claim(ref, existing)
         if claim is None:
@@ -347,7 +195,7 @@ class DevicePreparer:
             return None  # cannot happen for what we wrote; the API object is the fallback
         return Claim(ref=ref, allocated=True, results=results, configs=configs)
 
-    def _spec_stale(self, existing: ClaimRecord) -> bool:
+    def spec_stale(self, existing: ClaimRecord) -> bool:
         """The spec is missing, or the node rebooted since it was written.
 
         ``/var/run/cdi`` is tmpfs, and every existing driver once answered with CDI IDs whose
@@ -361,27 +209,27 @@ class DevicePreparer:
     ) -> ClaimRecord:
         """A prepare of a prepared claim: same answer; rewrite the spec if it was lost."""
         ref = claim.ref
-        if not self._spec_stale(existing):
+        if not self.spec_stale(existing):
             return existing
         spec_missing = bool(existing.devices) and not Path(existing.spec_path).exists()
         devices = existing.devices
         if existing.devices:
             inventory = self.inventory().by_name()
-            self._write_spec(ref, [self._spec_device(claim, r, inventory) for r in results])
+            self.write_spec(ref, [self.spec_device(claim, r, inventory) for r in results])
             devices = identified(devices, self.pool, inventory)
         fresh = replace(
-            existing, boot_id=self.boot_id, updated=_now(), devices=devices,
+            existing, boot_id=self.boot_id, updated=now(), devices=devices,
             allocation=allocation_json(claim, self.driver),
         )
-        self._checkpoint(ref, lambda claims: claims.__setitem__(ref.uid, fresh))
-        self._update_gauges()
+        self.store(ref, lambda claims: claims.__setitem__(ref.uid, fresh))
+        self.update_gauges()
         log.info(
             "rewrote CDI spec of a prepared claim",
             extra={"claim": ref.uid, "reason": "missing" if spec_missing else "reboot"},
         )
         return fresh
 
-    def _spec_device(
+    def spec_device(
         self, claim: Claim, result: AllocatedDevice, inventory: dict[str, Device]
     ) -> SpecDevice:
         ref = claim.ref
@@ -413,7 +261,7 @@ class DevicePreparer:
         for result in claim.results_for(self.driver):
             device = inventory.get(result.device) if result.pool == self.pool else None
             if device is not None and device.type in NETDEV_TYPES:
-                out.append(nic_status(result, self._spec_device(claim, result, inventory)))
+                out.append(nic_status(result, self.spec_device(claim, result, inventory)))
         return out
 
     def _device_env(
@@ -467,7 +315,7 @@ class DevicePreparer:
                         f"{owner}; it is released when the pods using that claim are gone",
                     )
 
-    def _write_spec(self, ref: ClaimRef, devices: Sequence[SpecDevice]) -> None:
+    def write_spec(self, ref: ClaimRef, devices: Sequence[SpecDevice]) -> None:
         env = (
             f"DRA_AGENT_CLAIM={ref.namespace}/{ref.name}",
             f"DRA_AGENT_CLAIM_UID={ref.uid}",
@@ -482,7 +330,7 @@ class DevicePreparer:
                 str(ref), f"cannot write CDI spec {self.specs.path(ref.uid)}: {err}"
             ) from err
 
-    def _checkpoint(
+    def store(
         self,
         ref: ClaimRef,
         change: Callable[[dict[str, ClaimRecord]], None],
@@ -519,11 +367,11 @@ class DevicePreparer:
         hit(self.failpoints, Point.UNPREPARE_AFTER_SPEC_REMOVED, uid)
         self.checkpoint.update(lambda claims: claims.pop(uid, None))
         hit(self.failpoints, Point.UNPREPARE_AFTER_COMPLETED, uid)
-        self._update_gauges()
+        self.update_gauges()
 
     # -- gauges ---------------------------------------------------------------------------
 
-    def _update_gauges(self) -> None:
+    def update_gauges(self) -> None:
         claims = self.checkpoint.claims()
         self.metrics.prepared_claims.set(len(claims))
         self.metrics.prepared_devices.set(sum(len(r.devices) for r in claims.values()))

@@ -25,7 +25,7 @@ from agent.common.failpoints import (
     Kind,
     Point,
 )
-from agent.prepare import CDIClaimSpecs, DevicePreparer, EnvOnlyEdits
+from agent.prepare import CDIClaimSpecs, DevicePreparer, EnvOnlyEdits, recover
 from discovery.model import Inventory
 from tests.conftest import REPO
 from tests.plugin.conftest import DRIVER, NODE, Node, gpu, make_claim
@@ -168,7 +168,7 @@ def test_kill_failpoint_is_a_real_kill_9_and_the_next_start_recovers(tmp_path: P
         driver=DRIVER, pool=NODE, node_name=NODE, checkpoint=store, specs=specs,
         inventory=lambda: Inventory(devices=(gpu(0),)), boot_id="boot-1",
     )
-    report = restarted.recover()
+    report = recover(restarted)
     assert report.orphans_removed == (uid,) and not specs.path(uid).exists()
     assert store.claims() == {}
     assert restarted.prepare(parse_claim(claim)).completed  # the kubelet's retry

@@ -1,0 +1,148 @@
+"""Start-up recovery: finish what a crash or a reboot interrupted, before the plugin serves.
+
+Rolls back prepares that never completed, removes (or, after a corrupt checkpoint, adopts) spec
+files no record explains, and rebuilds the CDI spec of every completed claim whose spec is
+lost or from another boot, so running pods' containers restart with their devices.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from agent.checkpoint.model import ClaimRecord, ClaimState, PreparedDevice
+from agent.claim.model import ClaimError, ClaimRef
+from agent.prepare.state import DevicePreparer, identified, now, put_record
+from discovery.model import Device
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    rolled_back: tuple[str, ...] = ()
+    orphans_removed: tuple[str, ...] = ()
+    adopted: tuple[str, ...] = ()
+    #: Completed claims whose stale or lost spec was written again from the checkpoint.
+    rebuilt: tuple[str, ...] = ()
+    #: Claims whose spec could not be rebuilt (a device gone, ...): claim UID -> reason.
+    not_rebuilt: tuple[tuple[str, str], ...] = ()
+
+
+def recover(preparer: DevicePreparer) -> RecoveryReport:
+    """Finish what a crash interrupted; run once before serving.
+
+    PrepareStarted records are rolled back (the kubelet will ask again). Spec files of ours
+    that no record explains are removed, unless the checkpoint was just found corrupt: then
+    they are the best evidence of what is prepared, so they are adopted as recovered
+    records that keep their devices reserved.
+    """
+    records = preparer.checkpoint.claims()
+    corrupt = bool(preparer.checkpoint.corrupt_copies)
+    set_aside = len(preparer.specs.corrupt_copies)
+    on_disk = preparer.specs.claim_devices()
+    preparer.metrics.cdi_spec_corrupt.inc(len(preparer.specs.corrupt_copies) - set_aside)
+    rolled_back = [u for u, r in records.items() if r.state is ClaimState.PREPARE_STARTED]
+    orphans = [u for u in on_disk if u not in records]
+    for uid in rolled_back:
+        preparer.specs.remove(uid)
+    adopted: dict[str, ClaimRecord] = {}
+    if corrupt:
+        for uid in orphans:
+            adopted[uid] = ClaimRecord(
+                uid=uid, namespace="", name="", state=ClaimState.PREPARE_COMPLETED,
+                devices=tuple(
+                    PreparedDevice(pool=preparer.pool, device=d, requests=(),
+                                   cdi_ids=(preparer.specs.cdi_id(uid, d),))
+                    for d in on_disk[uid]
+                ),
+                spec_path=str(preparer.specs.path(uid)), boot_id=preparer.boot_id,
+                updated=now(), recovered=True,
+            )
+    else:
+        for uid in orphans:
+            preparer.specs.remove(uid)
+
+    def change(claims: dict[str, ClaimRecord]) -> None:
+        for uid in rolled_back:
+            claims.pop(uid, None)
+        claims.update(adopted)
+
+    preparer.checkpoint.update(change)
+    rebuilt, not_rebuilt = _rebuild_specs(preparer)
+    report = RecoveryReport(
+        rolled_back=tuple(rolled_back),
+        orphans_removed=() if corrupt else tuple(orphans),
+        adopted=tuple(adopted),
+        rebuilt=rebuilt,
+        not_rebuilt=not_rebuilt,
+    )
+    if rolled_back or orphans:
+        log.warning(
+            "recovered from an interrupted run",
+            extra={
+                "rolled_back": ",".join(report.rolled_back),
+                "orphans_removed": ",".join(report.orphans_removed),
+                "adopted": ",".join(report.adopted),
+            },
+        )
+    preparer.update_gauges()
+    return report
+
+def _rebuild_specs(
+    preparer: DevicePreparer,
+) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """Rewrite the spec of every completed claim whose spec is lost or from another boot.
+
+    Containers of running pods restart after a reboot without the kubelet preparing their
+    claims first, so a spec that only comes back on the next prepare is a failed container
+    start. The spec is built from the record's allocation and the *current* inventory (a
+    device node's minor can change across a reboot). A claim that cannot be rebuilt is
+    reported once here and left stale: start-up goes on, and the kubelet's next prepare
+    gets the same reason as a per-claim error.
+    """
+    rebuilt: list[str] = []
+    failed: list[tuple[str, str]] = []
+    inventory: dict[str, Device] | None = None
+    for uid, record in sorted(preparer.checkpoint.claims().items()):
+        if not record.completed or record.recovered or not preparer.spec_stale(record):
+            continue
+        ref = ClaimRef(namespace=record.namespace, name=record.name, uid=uid)
+        claim = preparer.recorded_claim(ref, record)
+        if claim is None:
+            failed.append((uid, "no_allocation"))
+            preparer.metrics.spec_rebuild_errors.labels("no_allocation").inc()
+            log.warning(
+                "cannot rebuild CDI spec at start-up: the record keeps no allocation "
+                "(written by an older version); the next prepare rewrites it",
+                extra={"claim": uid},
+            )
+            continue
+        if inventory is None:
+            try:
+                inventory = preparer.inventory().by_name()
+            except Exception as err:  # discovery failing must not keep the plugin down
+                log.error("cannot rebuild CDI specs at start-up: no inventory",
+                          extra={"claim": uid, "error": str(err)})
+                preparer.metrics.spec_rebuild_errors.labels("inventory").inc()
+                return tuple(rebuilt), ((uid, "inventory"),)
+        try:
+            devices = [preparer.spec_device(claim, r, inventory)
+                       for r in claim.results_for(preparer.driver)]
+            preparer.write_spec(ref, devices)
+            fresh = replace(record, boot_id=preparer.boot_id, updated=now(),
+                            devices=identified(record.devices, preparer.pool, inventory))
+            preparer.store(ref, put_record(fresh))
+        except ClaimError as err:
+            failed.append((uid, err.reason))
+            preparer.metrics.spec_rebuild_errors.labels(err.reason).inc()
+            log.error(
+                "cannot rebuild CDI spec at start-up",
+                extra={"claim": uid, "reason": err.reason, "error": str(err)},
+            )
+            continue
+        rebuilt.append(uid)
+        preparer.metrics.specs_rebuilt.inc()
+        log.info("rebuilt CDI spec of a prepared claim at start-up",
+                 extra={"claim": uid, "devices": len(devices)})
+    return tuple(rebuilt), tuple(failed)
