@@ -110,6 +110,7 @@ class Daemon:
         self.environ = dict(os.environ if environ is None else environ)
         self.stop_event = threading.Event()
         self._fatal: str | None = None
+        self._stop_reason: str | None = None
         self._inventory_lock = threading.Lock()
         self._inventory = Inventory(devices=())
         self._threads: dict[str, threading.Thread] = {}
@@ -388,10 +389,21 @@ class Daemon:
         log.warning("resourceslice publishing", extra={"error": str(err)})
 
     def request_stop(self, reason: str) -> None:
-        if not self.stop_event.is_set():
-            log.info("stopping", extra={"reason": reason})
-            self.notifier.stopping(f"stopping: {reason}")
+        """Ask ``run()`` to stop; the first reason is the one reported.
+
+        Safe in a signal handler: it only records and sets an event. The handler runs in the
+        main thread, which may be inside the notifier's lock (sending READY=1, say) when the
+        signal lands; notifying from here took that lock again and hung the agent for good.
+        The run loop logs and notifies once it sees the event.
+        """
+        if self._stop_reason is None:
+            self._stop_reason = reason
         self.stop_event.set()
+
+    def _announce_stop(self) -> None:
+        reason = self._stop_reason or "shutdown"
+        log.info("stopping", extra={"reason": reason})
+        self.notifier.stopping(f"stopping: {reason}")
 
     def run(self) -> int:
         """Start, then wait for a stop request or a dead background thread; return exit code."""
@@ -409,6 +421,7 @@ class Daemon:
                     self._fatal = why
                     log.error("fatal: a background thread died", extra={"cause": why})
                     self.request_stop(why)
+            self._announce_stop()
         finally:
             self.shutdown()
         return 1 if self._fatal else 0
