@@ -56,6 +56,8 @@ class RunOptions:
     boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
     #: Device health monitoring (taints + the kubelet's health stream); None switches it off.
     health: HealthOptions | None = field(default_factory=HealthOptions)
+    #: Start even where a device plugin advertises what our DeviceClasses map to our devices.
+    allow_device_plugin_overlap: bool = False
 
 
 class NoAPIClaimSource:
@@ -220,6 +222,7 @@ class Daemon:
         })
         with self._inventory_lock:
             self._inventory = inventory
+        self._check_device_plugins(api_client, inventory)
 
         self.health = self._start_health(sources)
         self.controller = slices.start(
@@ -255,6 +258,38 @@ class Daemon:
         self._said_ready = True
         log.info("agent ready", extra={"node": self.cfg.node_name, "driver": self.cfg.driver_name,
                                        "devices": len(self.inventory.devices)})
+
+    def _check_device_plugins(self, api_client: Any, inventory: Inventory) -> None:
+        """Refuse to start where a device plugin already serves what our classes offer as an
+        extended resource (agent/deviceplugins.py says why); before anything is published."""
+        from agent import deviceplugins as dp
+
+        if self.options.allow_device_plugin_overlap:
+            return
+        advertised = dp.advertised_in_checkpoint(self.cfg.kubelet_dir)
+        classes: list[Mapping[str, Any]] | None = None
+        if api_client is not None:
+            from_node, classes = dp.cluster_facts(api_client, self.cfg.node_name, _shipped)
+            advertised = {**advertised, **from_node}
+        if not advertised:
+            return
+        if classes is None:
+            classes = _shipped()
+        if not dp.mapped_classes(classes).keys() & advertised.keys():
+            return
+        from agent.slices import Owner
+        from agent.slices.render import render_slices
+        from discovery.pools import build_resources
+
+        slices = render_slices(self.cfg.driver_name, Owner(name=self.cfg.node_name),
+                               build_resources(inventory, self.cfg.node_name))
+        overlaps = dp.find_overlaps(classes, advertised,
+                                    dp.class_selects(slices, self.cfg.node_name))
+        for overlap in overlaps[1:]:
+            log.error("device-plugin overlap", extra={"resource": overlap.resource,
+                                                      "device_class": overlap.device_class})
+        if overlaps:
+            raise DaemonError(overlaps[0].message())
 
     def _start_health(self, sources: Any) -> Any:
         from agent.health import HealthMonitor
@@ -451,3 +486,10 @@ class Daemon:
             except Exception:
                 log.exception("cleanup failed")
         self.notifier.close()
+
+
+def _shipped() -> list[Mapping[str, Any]]:
+    """The DeviceClasses in the package (deploy/base's), as plain dicts."""
+    from agent.explain.docs import packaged_classes
+
+    return [doc.obj for doc in packaged_classes()]

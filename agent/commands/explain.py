@@ -15,10 +15,9 @@ from agent.common.config import pop_config, shared_options
 from agent.explain.features import DEFAULTS, MODELLED_KUBERNETES
 
 if TYPE_CHECKING:
-    from agent.explain import docs
+    pass
 
 #: Package data of ``agent``: the DeviceClasses used when no --class is given.
-PACKAGED_CLASSES = "deviceclasses.yaml"
 
 
 @click.command()
@@ -143,6 +142,8 @@ def _run(cfg: Any, *, claim_files: tuple[str, ...], class_files: tuple[str, ...]
     else:
         slices = list(load_file(slices_from))
     if not class_files and slices_from != "from-cluster":
+        from agent.explain.docs import packaged_classes
+
         classes = list(packaged_classes())
     from agent.explain.api import explain_pod
 
@@ -158,17 +159,6 @@ def _run(cfg: Any, *, claim_files: tuple[str, ...], class_files: tuple[str, ...]
             to_yaml(pod) if output == "yaml" else to_table_pod(pod))
     click.echo(text)
     raise SystemExit(0 if pod.fits else 1)
-
-
-def packaged_classes() -> list[docs.Doc]:
-    """The DeviceClasses the agent ships (a copy of deploy/base/deviceclasses.yaml), so that
-    an install without the repository explains claims against our classes out of the box."""
-    from importlib.resources import files
-
-    from agent.explain.docs import load_text
-
-    return load_text(files("agent").joinpath(PACKAGED_CLASSES).read_text("utf-8"),
-                     f"<packaged {PACKAGED_CLASSES}>")
 
 
 def _with_hostname(labels: dict[str, str], node: str) -> dict[str, str]:
