@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.harness import DRIVER, GPU_CLASS, NodeDirs
-from tests.realk8s.agent import allocate
+from tests.realk8s.agent import allocate, wait_settled
 from tests.realk8s.cluster import RealCluster
 from tests.realk8s.conftest import StartAgent, StartKubelet
 from tests.realk8s.test_kubelet_dra import agent_and_kubelet, get_pod, inject
@@ -92,3 +92,34 @@ def test_the_shipped_classes_keep_their_extended_resource_names(
              for c in listed.json()["items"] if c["metadata"]["name"].endswith(".dra-agent.io")}
     want = {f"{t}.dra-agent.io": f"dra-agent.io/{t}" for t in ("gpu", "mig", "nic", "vf")}
     assert names == (want if minor == "1.37" else dict.fromkeys(want))
+
+
+def test_the_agent_refuses_a_node_whose_device_plugin_serves_a_mapped_name(
+    cluster: RealCluster, node: str, start_agent: StartAgent, minor: str
+) -> None:
+    """With the DaemonSet's own credentials (its RBAC lists DeviceClasses and gets the Node):
+    a device plugin's nvidia.com/gpu in the Node's capacity, and a class mapping that name to
+    our GPUs, stop the agent before it publishes anything. 1.35 drops the field: no overlap."""
+    cluster.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": f"migrated-{node}.dra-agent.io"},
+        "spec": {"extendedResourceName": "nvidia.com/gpu", "selectors": [{"cel": {"expression":
+                 "device.driver == 'dra-agent.io' && "
+                 "device.attributes['dra-agent.io'].type == 'gpu'"}}]}})
+    patched = cluster.admin.request(
+        "PATCH", f"/api/v1/nodes/{node}/status",
+        body={"status": {"capacity": {"nvidia.com/gpu": "8"},
+                         "allocatable": {"nvidia.com/gpu": "8"}}},
+        content_type="application/merge-patch+json")
+    patched.raise_for_status()
+    agent = start_agent(cluster.agent_kubeconfig(node), node, "--no-health")
+    if minor == "1.35":
+        wait_settled(cluster, node, agent)
+        assert "device plugin" not in agent.logs()
+        return
+    assert agent.proc.wait(60) == 1, agent.logs()
+    logs = agent.logs()
+    assert (f"error: a device plugin already advertises nvidia.com/gpu on this node (Node "
+            f"{node} status.capacity), and DeviceClass migrated-{node}.dra-agent.io") in logs
+    assert "not listed" not in logs and "not read" not in logs, logs  # RBAC was enough
+    assert cluster.slices(node) == []
