@@ -7,24 +7,20 @@ Exit 0 fits, 1 does not fit, 2 bad input (one line, pointing at the file and lin
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from agent.common.config import pop_config, shared_options
 from agent.explain.features import DEFAULTS, MODELLED_KUBERNETES
 
-if TYPE_CHECKING:
-    pass
-
-#: Package data of ``agent``: the DeviceClasses used when no --class is given.
-
 
 @click.command()
 @click.option("-f", "--filename", "claim_files", required=True, multiple=True,
               type=click.Path(dir_okay=False),
               help="ResourceClaim (or ResourceClaimTemplate) YAML/JSON; '-' for stdin. Several "
-                   "(or a file of several): one pod's claims, allocated together.")
+                   "(or a file of several): one pod's claims, allocated together. A Pod: "
+                   "its claims, from the other files or the cluster.")
 @click.option("--class", "class_files", multiple=True, type=click.Path(dir_okay=False),
               help="DeviceClass file(s); several classes per file are fine "
                    "[default: the agent's own classes, as deploy/base installs them; the "
@@ -124,10 +120,17 @@ def _run(cfg: Any, *, claim_files: tuple[str, ...], class_files: tuple[str, ...]
     classes: list[Doc | dict[str, Any]] = [d for f in class_files for d in load_file(f)]
     allocated: list[Doc | dict[str, Any]] = [d for f in allocated_files for d in load_file(f)]
     slices: list[Doc | dict[str, Any]]
+    cluster = None
     if slices_from == "from-cluster":
         from agent.explain.sources import Cluster
 
         cluster = Cluster(cfg)
+    to_explain: list[Any] = list(claims)
+    if any(d.obj.get("kind") == "Pod" for d in claims):
+        from agent.explain.pods import claims_of_pod
+
+        to_explain = claims_of_pod(claims, cluster.get if cluster is not None else None)
+    if cluster is not None:
         slices = list(cluster.slices())
         if not class_files:
             classes = list(cluster.classes())
@@ -147,7 +150,7 @@ def _run(cfg: Any, *, claim_files: tuple[str, ...], class_files: tuple[str, ...]
         classes = list(packaged_classes())
     from agent.explain.api import explain_pod
 
-    pod = explain_pod(claims, classes, slices, cfg.node_name, allocated,
+    pod = explain_pod(to_explain, classes, slices, cfg.node_name, allocated,
                       node_labels=_with_hostname(labels, cfg.node_name),
                       feature_gates=features, kubernetes_version=kubernetes_version)
     if len(pod.claims) == 1:  # one claim: its own report, as ever

@@ -82,6 +82,25 @@ class Cluster:
             raise InputError(path, f"cannot get: the answer is not a Node ({err})") from err
         return {str(k): str(v) for k, v in labels.items()}
 
+    def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One namespaced resource.k8s.io/v1 object (a Pod's claim or template); None: absent."""
+        path = f"{API}/namespaces/{quote(namespace, safe='')}/{plural}/{quote(name, safe='')}"
+        try:
+            response = self._api.request("GET", path, timeout=30.0)
+        except KubeAPIError as err:
+            raise InputError(path, f"cannot get: {err.reason}: {err.message}") from err
+        if response.status == 404:
+            return None
+        if not response.ok:
+            raise InputError(path, f"cannot get: HTTP {response.status}: {response.body[:200]!r}")
+        try:
+            obj = json.loads(response.body)
+        except ValueError as err:
+            raise InputError(path, f"cannot get: the answer is not JSON ({err})") from err
+        if not isinstance(obj, dict):
+            raise InputError(path, "cannot get: the answer is not an object")
+        return obj
+
     def classes(self) -> list[dict[str, Any]]:
         return self._list(f"{API}/deviceclasses")
 
