@@ -53,8 +53,8 @@ def pci_attributes(
     out: dict[str, AttributeValue] = {PCI_BUS_ID: fn.bdf}
     if fn.pcie_root:
         out[PCIE_ROOT] = fn.pcie_root
-    if fn.numa_node is not None:
-        out[NUMA_NODE] = fn.numa_node
+    if fn.numa_nodes:
+        out[NUMA_NODE] = fn.numa_nodes  # list form; the scalar is its first element
     switch = switch_of(fn, below)
     if switch:
         out["pcieSwitch"] = switch
