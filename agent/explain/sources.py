@@ -26,7 +26,9 @@ def slices_from_discovery(cfg: Config) -> list[dict[str, Any]]:
         inventory = run_discovery(cfg)
     except ProfileError as err:
         raise InputError("--simulate", str(err)) from err
-    resources = build_resources(inventory, cfg.node_name)
+    # As ``discover`` shows it: the scalar numaNode unless --numa-node-attribute list.
+    resources = build_resources(inventory, cfg.node_name).in_form(
+        cfg.numa_node_attribute == "list")
     return slice_objects(resources, cfg.driver_name, cfg.node_name)
 
 
