@@ -326,6 +326,8 @@ class Controller:
             if self._scopes_dirty or not len(self._scopes):
                 self._ensure_scopes()
             due = self._take_due()
+            if due:
+                self._decide_form()
             self._owner_uid.new_batch()  # at most one Node lookup per batch of pools
             for pool in due or ():
                 if self._stopping():
@@ -408,13 +410,8 @@ class Controller:
             else:
                 if failing:
                     log.info("API server answers again", extra={"server": server})
-                if self._form.decide(self._client, self._driver, self._owner, self._version):
-                    with self._cond:  # nothing synced yet: no slice had the wrong form
-                        self._desired = to_desired(self._form.apply(self._resources),
-                                                   self._owner)
                 log.info("publishing ResourceSlices",
-                         extra={"api_version": self._version, "driver": self._driver,
-                                "list_attributes": self._form.lists})
+                         extra={"api_version": self._version, "driver": self._driver})
                 self._publisher = Publisher(
                     self._client, self._version, self._scopes.for_node, self._scopes.holding,
                     metrics=self._metrics, report=self._report,
@@ -422,6 +419,18 @@ class Controller:
                 return True
             self._stop.wait(delay)
         return False
+
+    def _decide_form(self) -> None:
+        """Probe the server (once per start) when a pool first has a list form to offer,
+        and re-form the desired pools before any of them is synced in the wrong form."""
+        assert self._client is not None and self._version is not None
+        with self._cond:
+            resources = self._resources
+        if not self._form.undecided(resources):
+            return
+        if self._form.decide(self._client, self._driver, self._owner, self._version):
+            with self._cond:
+                self._desired = to_desired(self._form.apply(self._resources), self._owner)
 
     def _ensure_scopes(self) -> None:
         """Start the watch scopes the desired pools need (a started scope stays)."""

@@ -4,8 +4,9 @@ Kubernetes 1.37 lets ``resource.kubernetes.io/numaNode`` be an int list, behind 
 gate that is off by default. Nothing in API discovery says whether it is on: the 1.37 schema
 has ``ints`` either way, and with the gate off the server drops the field silently, which
 leaves a value-less attribute that it then refuses (422). So the controller asks once per
-start: a server-side dry-run create (``?dryRun=All``, nothing is stored, no watch event) of
-a minimal ResourceSlice carrying one list attribute, and reads what comes back.
+start, before the first sync of resources that have a list form (``list_pools``): a
+server-side dry-run create (``?dryRun=All``, nothing is stored, no watch event) of a minimal
+ResourceSlice carrying one list attribute, and reads what comes back.
 
 * the list came back: lists are taken, the list form is published;
 * it was dropped, or the object refused as invalid (422): the scalar form;
@@ -87,7 +88,7 @@ def server_takes_lists(client: Any, driver: str, owner: Owner | None, version: s
             log.info("API server refuses list attributes (DRAListTypeAttributes off): "
                      "numaNode published as int", extra={**fields, "status": err.status})
         else:
-            why = err.unreachable or f"{err.status} {err.reason}".strip()
+            why = err.unreachable or f"{err.reason}: {err.message}"[:200]
             log.warning("list attribute probe failed: numaNode published as int",
                         extra={**fields, "status": err.status, "error": why})
         return False
@@ -121,6 +122,12 @@ class ListForm:
     def lists(self) -> bool | None:
         with self._lock:
             return self._lists
+
+    def undecided(self, resources: DriverResources | None) -> bool:
+        """Whether a probe is due: only once ``resources`` offer a list form at all, so a
+        driver without list attributes never sends one."""
+        with self._lock:
+            return self._probe and resources is not None and resources.list_pools is not None
 
     def decide(self, client: Any, driver: str, owner: Owner | None, version: str) -> bool:
         """Probe if still undecided; True when that changed the answer (re-form the pools)."""
