@@ -139,7 +139,10 @@ def _run(cfg: Any, *, claim_files: tuple[str, ...], class_files: tuple[str, ...]
     elif slices_from == "from-discovery":
         from agent.explain.sources import slices_from_discovery
 
-        slices = list(slices_from_discovery(cfg))
+        # auto: the form this node's agent would publish to a cluster with these gates.
+        lists = {"list": True, "scalar": False}.get(cfg.numa_node_attribute,
+                                                    features.list_type_attributes)
+        slices = list(slices_from_discovery(cfg, lists))
     else:
         slices = list(load_file(slices_from))
     if not class_files and slices_from != "from-cluster":
