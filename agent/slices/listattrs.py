@@ -33,6 +33,7 @@ log = logging.getLogger("agent.slices")
 
 PROBE_DEVICE = "list-attribute-probe"
 PROBE_VALUE = [0]
+PROBE_FAILED = "list attribute probe failed: numaNode published as int until the agent restarts"
 #: The operator's choice (``--numa-node-attribute``): ask the server, or force a form.
 FORMS = ("auto", "list", "scalar")
 
@@ -84,21 +85,23 @@ def server_takes_lists(client: Any, driver: str, owner: Owner | None, version: s
     try:
         answer = client.dry_run_create(version, probe_object(driver, owner, version))
     except ApiError as err:
-        if err.invalid:
+        # A 422 about the attribute is the gate's answer; one about anything else (an
+        # admission policy, a name) still means scalar, but is worth a warning.
+        if err.invalid and (not err.causes or any(NUMA_NODE in c.field for c in err.causes)):
             log.info("API server refuses list attributes (DRAListTypeAttributes off): "
                      "numaNode published as int", extra={**fields, "status": err.status})
         else:
             why = err.unreachable or f"{err.reason}: {err.message}"[:200]
-            log.warning("list attribute probe failed: numaNode published as int",
+            log.warning(PROBE_FAILED,
                         extra={**fields, "status": err.status, "error": why})
         return False
     except Exception as err:  # a probe must never stop publishing; the scalar always works
-        log.warning("list attribute probe failed: numaNode published as int",
+        log.warning(PROBE_FAILED,
                     extra={**fields, "error": f"{type(err).__name__}: {err}"[:200]})
         return False
     kept = _kept(answer)
     if kept is None:
-        log.warning("list attribute probe failed: numaNode published as int",
+        log.warning(PROBE_FAILED,
                     extra={**fields, "error": "the answer is not a ResourceSlice"})
         return False
     if not kept:

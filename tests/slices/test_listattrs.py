@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agent.slices import KubeSliceClient, Owner, RejectedSliceError
+from agent.slices import ApiError, KubeSliceClient, Owner, RejectedSliceError
 from agent.slices.listattrs import probe_object, server_takes_lists
 from discovery.model import NUMA_NODE, Device, DeviceType, DriverResources, Inventory
 from discovery.pools import build_resources
@@ -232,3 +232,17 @@ def test_probe_object_passes_our_own_validation_with_the_gate_on() -> None:
     assert obj["spec"]["driver"] == DRIVER
     other = probe_object(DRIVER, Owner(kind="Deployment", name="fabric", uid="u1"), "v1")
     assert other["spec"]["allNodes"] is True and "nodeName" not in other["spec"]
+
+
+def test_a_422_about_something_else_is_the_scalar_with_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from agent.kube.transport import Cause
+
+    class Refusing:
+        def dry_run_create(self, version: str, obj: Any) -> Any:
+            raise ApiError("POST", "/apis/resource.k8s.io/v1/resourceslices", 422, "Invalid",
+                           "denied by policy", causes=[Cause("spec.pool.name", "x", "no")])
+
+    result, lines = probe(Refusing(), caplog)
+    assert result is False and len(lines) == 1
+    assert lines[0].startswith("WARNING list attribute probe failed") and "policy" in lines[0]
