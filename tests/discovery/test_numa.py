@@ -133,3 +133,20 @@ def test_reader_reads_each_node_once(tmp_path: Path) -> None:
     _node_file(tmp_path, 0, "distance").unlink()
     assert reader.nodes_for(0) == (0, 1)  # cached for the scan
     assert NumaReader(tmp_path).nodes_for(0) == (0,)
+
+
+def test_a_list_too_long_for_48_values_is_shortened_keeping_the_physical_node(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from discovery.attrs import fit_limits
+    from discovery.model import Device, DeviceType
+
+    attrs: dict[str, object] = {f"a{i}": i for i in range(20)}
+    attrs[NUMA_NODE] = tuple(range(5, 45))  # 1 + 20 + 40 = 61 values
+    device = Device("gpu-0", DeviceType.GPU, attrs, {})  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="discovery.attrs"):
+        fitted = fit_limits(device)
+    numa = fitted.attributes[NUMA_NODE]
+    assert isinstance(numa, tuple) and numa[0] == 5 and len(numa) == 48 - 21
+    assert len(caplog.records) == 1
+    small = Device("gpu-1", DeviceType.GPU, {NUMA_NODE: (0, 1)}, {})
+    assert fit_limits(small) is small
