@@ -13,6 +13,9 @@ ResourceSlice carrying one list attribute, and reads what comes back.
 * anything else (no answer, 403, 500, an answer that is not a ResourceSlice): the scalar
   form too, the form every server takes, with one line saying why.
 
+The operator can skip the probe (``--numa-node-attribute list|scalar``, agent/common/config.py;
+``auto`` probes): the controller's ``list_attributes`` True/False instead of None.
+
 The probe looks like one of our slices (our driver, the node's pool and nodeName) so that the
 node authorizer and the admission policy in deploy/ judge it as they judge the real ones.
 """
@@ -34,8 +37,6 @@ log = logging.getLogger("agent.slices")
 PROBE_DEVICE = "list-attribute-probe"
 PROBE_VALUE = [0]
 PROBE_FAILED = "list attribute probe failed: numaNode published as int until the agent restarts"
-#: The operator's choice (``--numa-node-attribute``): ask the server, or force a form.
-FORMS = ("auto", "list", "scalar")
 
 
 @runtime_checkable
