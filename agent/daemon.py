@@ -229,6 +229,7 @@ class Daemon:
             api_client, cfg.driver_name, slices.Owner(kind="Node", name=cfg.node_name), None,
             metrics=self.metrics, resync_period_s=self.options.resync_period_s,
             stop_event=self.stop_event, on_error=self._background_error,
+            list_attributes={"list": True, "scalar": False}.get(cfg.numa_node_attribute),
         )
         self._publish(inventory)
         self._start_plugin(api_client)

@@ -42,7 +42,7 @@ from agent.explain.features import DEFAULTS, MODELLED_KUBERNETES
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
               show_default=True)
 @shared_options("driver_name", "node_name", "kubeconfig", "sysfs_root", "simulate",
-                "device_types", "config_file", "verbosity")
+                "device_types", "numa_node_attribute", "config_file", "verbosity")
 def command(*, claim_files: tuple[str, ...], class_files: tuple[str, ...], slices_from: str,
             allocated_files: tuple[str, ...], feature_gates: str, kubernetes_version: str,
             node_labels: str, output: str, **kwargs: Any) -> None:
@@ -141,7 +141,10 @@ def _run(cfg: Any, *, claim_files: tuple[str, ...], class_files: tuple[str, ...]
     elif slices_from == "from-discovery":
         from agent.explain.sources import slices_from_discovery
 
-        slices = list(slices_from_discovery(cfg))
+        # auto: the form this node's agent would publish to a cluster with these gates.
+        lists = {"list": True, "scalar": False}.get(cfg.numa_node_attribute,
+                                                    features.list_type_attributes)
+        slices = list(slices_from_discovery(cfg, lists))
     else:
         slices = list(load_file(slices_from))
     if not class_files and slices_from != "from-cluster":

@@ -14,8 +14,9 @@ from agent.kube.transport import KubeAPIError, KubeHTTP
 API = "/apis/resource.k8s.io/v1"
 
 
-def slices_from_discovery(cfg: Config) -> list[dict[str, Any]]:
-    """What this node (or ``--simulate PROFILE``) would publish, as ResourceSlice dicts."""
+def slices_from_discovery(cfg: Config, list_attributes: bool = False) -> list[dict[str, Any]]:
+    """What this node (or ``--simulate PROFILE``) would publish, as ResourceSlice dicts, with
+    numaNode as an int list where ``list_attributes`` (the cluster's DRAListTypeAttributes)."""
     try:
         from agent.commands.discover import run_discovery, slice_objects
         from discovery.pools import build_resources
@@ -26,7 +27,7 @@ def slices_from_discovery(cfg: Config) -> list[dict[str, Any]]:
         inventory = run_discovery(cfg)
     except ProfileError as err:
         raise InputError("--simulate", str(err)) from err
-    resources = build_resources(inventory, cfg.node_name)
+    resources = build_resources(inventory, cfg.node_name).in_form(list_attributes)
     return slice_objects(resources, cfg.driver_name, cfg.node_name)
 
 
