@@ -59,12 +59,12 @@ build_one() {
     fi
 
     local start tmp log
+    local peer="" bins="kube-apiserver etcd kubectl allocate kubelet-dra"
+    if [ "$minor" = "$PEER_MINOR" ]; then peer="$TOOLS/peer-driver"; bins="$bins peer-driver"; fi
     start=$(date +%s)
     tmp="$(mktemp -d "$HERE/bin/.build-$minor.XXXXXX")"
     log="$HERE/bin/build-$minor.log"
     echo "build.sh: building ${bins// /, } $version (a cold build takes about 10 min on 2 cores)" >&2
-    local peer="" bins="kube-apiserver etcd kubectl allocate kubelet-dra"
-    if [ "$minor" = "$PEER_MINOR" ]; then peer="$TOOLS/peer-driver"; bins="$bins peer-driver"; fi
     # go.sum is committed: go verifies every module it downloads against it (-mod=readonly).
     if ! (cd "$mod" && go build -trimpath -ldflags "$(ldflags_for "$version")" -o "$tmp/" \
             go.etcd.io/etcd/server/v3 k8s.io/kubernetes/cmd/kube-apiserver \
