@@ -1,0 +1,254 @@
+"""The API server: reachable, resource.k8s.io served, this node's slices, the DeviceClasses and
+the agent's permissions. Every request has a short timeout; a failure is that check's answer.
+
+Without a client (``--kubeconfig none``, no credentials found) every check here is skipped with
+the reason, so a node is diagnosed the same with or without cluster access.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+from agent.doctor.context import API_TIMEOUT, Context, Http
+from agent.doctor.host import one_line
+from agent.doctor.model import Check, fail, ok, skipped, warn
+from agent.slices.versions import GROUP, PREFERRED_VERSIONS, from_wire
+
+REACHABLE, VERSIONS, SLICES, CLASSES, RBAC = ("API server", "resource.k8s.io API",
+                                              "ResourceSlices", "DeviceClasses", "RBAC")
+#: What deploy/base/rbac.yaml grants, as (group, resource, subresource, verb, required);
+#: tests/doctor checks the two stay the same. Status patches only carry NIC details: without
+#: them the agent says so once and carries on, so a denial there is a warning.
+PERMISSIONS: tuple[tuple[str, str, str, str, bool], ...] = (
+    *((GROUP, "resourceslices", "", v, True)
+      for v in ("get", "list", "watch", "create", "update", "delete")),
+    (GROUP, "resourceclaims", "", "get", True),
+    (GROUP, "resourceclaims", "status", "patch", False),
+    ("", "nodes", "", "get", True),
+)
+
+
+class ApiCheckError(Exception):
+    """One request that did not give an answer the check can use; the message is one line,
+    ``status`` the HTTP status (0: no answer, or one that is not JSON)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _get(http: Http, path: str, query: list[tuple[str, str]] | None = None) -> Any:
+    return _call(http, "GET", path, query=query)
+
+
+def _call(http: Http, method: str, path: str, **kw: Any) -> Any:
+    try:
+        resp = http.request(method, path, timeout=API_TIMEOUT, **kw)
+        return resp.raise_for_status().json()
+    except Exception as err:  # no answer, an error status, or a body that is not JSON
+        status = getattr(err, "status", 0)
+        raise ApiCheckError(one_line(str(err)), status if isinstance(status, int) else 0) \
+            from err
+
+
+def _served(http: Http) -> list[str]:
+    try:
+        doc = _get(http, f"/apis/{GROUP}")
+    except ApiCheckError as err:
+        if err.status == 404:
+            return []
+        raise
+    versions = doc.get("versions") if isinstance(doc, dict) else None
+    return [str(v["version"]) for v in versions or [] if isinstance(v, dict) and "version" in v]
+
+
+def _version(http: Http) -> str | None:
+    """The slice version the agent would use, or None when the server serves none of them."""
+    served = _served(http)
+    return next((v for v in PREFERRED_VERSIONS if v in served), None)
+
+
+def _no_api(ctx: Context, name: str) -> Check | None:
+    return skipped(name, ctx.api_skip) if ctx.api is None else None
+
+
+def check_reachable(ctx: Context) -> Check:
+    if ctx.api is None and ctx.api_error:
+        return warn(REACHABLE, ctx.api_error, "fix the kubeconfig or the ServiceAccount mount "
+                    "(the agent itself cannot use it either)")
+    if ctx.api is None:
+        return skipped(REACHABLE, ctx.api_skip)
+    try:
+        doc = _get(ctx.api, "/version")
+    except ApiCheckError as err:
+        return warn(REACHABLE, f"{ctx.api.server}: {err}",
+                    "check the kubeconfig's server, the network and the API server's health")
+    version = doc.get("gitVersion", "?") if isinstance(doc, dict) else "?"
+    return ok(REACHABLE, f"{ctx.api.server}: Kubernetes {version}")
+
+
+def check_versions(ctx: Context) -> Check:
+    if (skip := _no_api(ctx, VERSIONS)) is not None:
+        return skip
+    assert ctx.api is not None
+    try:
+        served = _served(ctx.api)
+    except ApiCheckError as err:
+        return warn(VERSIONS, str(err), "see API server")
+    usable = [v for v in PREFERRED_VERSIONS if v in served]
+    if not usable:
+        return fail(VERSIONS, f"served: {', '.join(served) or 'none'}; the agent needs one of "
+                    f"{', '.join(PREFERRED_VERSIONS)}",
+                    "upgrade to Kubernetes 1.34 (DRA GA), or enable DynamicResourceAllocation "
+                    "and --runtime-config=resource.k8s.io/v1beta1=true on 1.32/1.33")
+    return ok(VERSIONS, f"served: {', '.join(served)}; the agent uses {usable[0]}")
+
+
+def _slices(http: Http, version: str, selector: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    cont = ""
+    for _ in range(100):  # 100 pages of 500: more than any node publishes
+        query = [("fieldSelector", selector), ("limit", "500")] + (
+            [("continue", cont)] if cont else [])
+        doc = _get(http, f"/apis/{GROUP}/{version}/resourceslices", query)
+        items += [from_wire(o, version) for o in doc.get("items") or [] if isinstance(o, dict)]
+        cont = (doc.get("metadata") or {}).get("continue") or ""
+        if not cont:
+            break
+    return items
+
+
+def published_devices(slices: Sequence[dict[str, Any]]) -> int:
+    """Devices in the newest generation of each pool: while the agent replaces a pool, the
+    slices of the older generation are still listed and are not counted twice."""
+    newest: dict[str, int] = {}
+    for s in slices:
+        pool = s.get("spec", {}).get("pool", {})
+        newest[pool.get("name", "")] = max(newest.get(pool.get("name", ""), 0),
+                                           int(pool.get("generation", 0) or 0))
+    count = 0
+    for s in slices:
+        pool = s.get("spec", {}).get("pool", {})
+        if int(pool.get("generation", 0) or 0) == newest[pool.get("name", "")]:
+            count += len(s.get("spec", {}).get("devices") or [])
+    return count
+
+
+def check_slices(ctx: Context) -> Check:
+    if (skip := _no_api(ctx, SLICES)) is not None:
+        return skip
+    assert ctx.api is not None
+    opts = ctx.options
+    selector = f"spec.driver={opts.driver_name},spec.nodeName={opts.node_name}"
+    try:
+        version = _version(ctx.api)
+        if version is None:
+            return skipped(SLICES, "no usable resource.k8s.io version (see resource.k8s.io API)")
+        slices = _slices(ctx.api, version, selector)
+    except ApiCheckError as err:
+        return warn(SLICES, str(err), "see API server and RBAC")
+    expected = len(ctx.inventory().devices)
+    published = published_devices(slices)
+    if not slices:
+        return fail(SLICES, f"no ResourceSlice with {selector}; discovery finds {expected} "
+                    "device(s)", "read the agent's log on this node: it says why the API "
+                    "server refused its slices (admission, RBAC, validation)")
+    if published != expected:
+        return fail(SLICES, f"{len(slices)} slice(s) publish {published} device(s); discovery "
+                    f"finds {expected} now",
+                    "read the agent's log (a rejected update keeps the old slices); restart "
+                    "the agent if it does not catch up")
+    return ok(SLICES, f"{len(slices)} slice(s) with {published} device(s), as discovery finds")
+
+
+def shipped_classes(device_types: Sequence[str]) -> list[str]:
+    """Names of the DeviceClasses the agent ships for the device types it offers."""
+    from importlib.resources import files
+
+    import yaml
+
+    text = files("agent").joinpath("deviceclasses.yaml").read_text("utf-8")
+    names = [str(d["metadata"]["name"]) for d in yaml.safe_load_all(text)
+             if isinstance(d, dict) and d.get("kind") == "DeviceClass"]
+    return [n for n in names if n.split(".", 1)[0] in device_types]
+
+
+def check_classes(ctx: Context) -> Check:
+    if (skip := _no_api(ctx, CLASSES)) is not None:
+        return skip
+    assert ctx.api is not None
+    names = shipped_classes(ctx.options.device_types)
+    missing: list[str] = []
+    try:
+        version = _version(ctx.api)
+        if version is None:
+            return skipped(CLASSES, "no usable resource.k8s.io version (see resource.k8s.io API)")
+        for name in names:
+            try:
+                _get(ctx.api, f"/apis/{GROUP}/{version}/deviceclasses/{quote(name, safe='')}")
+            except ApiCheckError as err:
+                if err.status != 404:
+                    raise
+                missing.append(name)
+    except ApiCheckError as err:
+        return warn(CLASSES, str(err), "see API server and RBAC")
+    if missing:
+        return fail(CLASSES, f"not installed: {', '.join(missing)}",
+                    "kubectl apply -f deploy/base/deviceclasses.yaml")
+    return ok(CLASSES, f"installed: {', '.join(names)}")
+
+
+def _review(http: Http, group: str, resource: str, *, sub: str, verb: str, node: str) -> bool:
+    attrs = {"group": group, "resource": resource, "verb": verb}
+    if sub:
+        attrs["subresource"] = sub
+    if resource == "nodes":
+        attrs["name"] = node  # the Node authorizer allows a node its own object only
+    body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attrs}}
+    doc = _call(http, "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                body=body)
+    return bool(isinstance(doc, dict) and (doc.get("status") or {}).get("allowed"))
+
+
+def _user(http: Http) -> str:
+    """Who the credentials are ("" when the server cannot say: SelfSubjectReview, 1.28+)."""
+    body = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    try:
+        doc = _call(http, "POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", body=body)
+    except ApiCheckError:
+        return ""
+    info = (doc.get("status") or {}).get("userInfo") or {} if isinstance(doc, dict) else {}
+    return str(info.get("username", "")) if isinstance(info, dict) else ""
+
+
+def check_rbac(ctx: Context) -> Check:
+    if (skip := _no_api(ctx, RBAC)) is not None:
+        return skip
+    assert ctx.api is not None
+    user = _user(ctx.api)
+    if user.startswith("system:node:"):
+        # The Node authorizer answers per object (this node's slices and pods' claims only),
+        # which a review without the object cannot show: it would deny what the agent may do.
+        return skipped(RBAC, f"{user}: the Node authorizer decides per object")
+    denied: list[str] = []
+    optional: list[str] = []
+    try:
+        for group, resource, sub, verb, required in PERMISSIONS:
+            if not _review(ctx.api, group, resource, sub=sub, verb=verb,
+                           node=ctx.options.node_name):
+                what = f"{verb} {resource}{'/' + sub if sub else ''}"
+                (denied if required else optional).append(what)
+    except ApiCheckError as err:
+        return warn(RBAC, f"SelfSubjectAccessReview failed: {err}", "see API server")
+    who = user or "these credentials"
+    if denied:
+        return fail(RBAC, f"{who} may not: {', '.join(denied + optional)}",
+                    "kubectl apply -f deploy/base/rbac.yaml (ClusterRole dra-agent, bound to "
+                    "the agent's ServiceAccount)")
+    if optional:
+        return warn(RBAC, f"{who} may not: {', '.join(optional)} (NIC details in claim "
+                    "status are not written)", "kubectl apply -f deploy/base/rbac.yaml")
+    return ok(RBAC, f"{who} may do all {len(PERMISSIONS)} things the agent needs")
