@@ -30,13 +30,16 @@ if TYPE_CHECKING:
                    "generated healthy node]")
 @shared_options("driver_name", "node_name", "kubeconfig", "kubelet_dir", "cdi_dir", "simulate",
                 "device_types", "metrics_address", "config_file", "log_format", "verbosity")
-def command(output: str, host_root: str | None, **kwargs: Any) -> None:
+def command(**kwargs: Any) -> None:
     """Check why pods on this node would not get their devices."""
     from agent.common.logs import setup_logging
     from agent.doctor.render import to_json, to_table
     from agent.doctor.runner import exit_code, run_checks
 
+    # The own options stay in kwargs until pop_config: a config file may set them too.
     cfg = pop_config(kwargs)
+    output: str = kwargs["output"]
+    host_root: str | None = kwargs["host_root"]
     setup_logging(cfg.log_format, cfg.verbosity)
     root = _host_root(host_root, cfg)
     api, skip, error = _api(cfg)

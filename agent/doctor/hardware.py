@@ -36,6 +36,8 @@ def check_nvml(ctx: Context) -> Check:
     gpus = nvidia_gpus(ctx.host)
     if ctx.gpu is None:
         return skipped(NVML, "NVIDIA support off (--device-types has neither gpu nor mig)")
+    if not gpus:
+        return skipped(NVML, "no NVIDIA GPU on the PCI bus")
     try:
         ctx.gpu.init()
         try:
@@ -43,8 +45,6 @@ def check_nvml(ctx: Context) -> Check:
         finally:
             ctx.gpu.shutdown()
     except (LibraryNotFoundError, DriverNotLoadedError) as err:
-        if not gpus:
-            return skipped(NVML, f"no NVIDIA GPU on the PCI bus ({err})")
         return fail(NVML, f"{len(gpus)} NVIDIA GPU(s) on the PCI bus, but NVML: {err}",
                     "install the NVIDIA driver (and load nvidia.ko); in a pod, mount the "
                     "driver's libnvidia-ml.so.1 (the toolkit's runtime class does)")
@@ -100,8 +100,7 @@ def check_toolkit_envvar(ctx: Context) -> Check:
 
 
 def check_iommu(ctx: Context) -> Check:
-    vfio = [d.name for d in ctx.inventory().devices
-            if d.host.driver == "vfio-pci" or d.host.iommu_group is not None]
+    vfio = [d.name for d in ctx.inventory().devices if d.host.driver == "vfio-pci"]
     if not vfio:
         return skipped(IOMMU, "no device bound to vfio-pci")
     groups = ctx.host.listdir("/sys/kernel/iommu_groups")

@@ -76,7 +76,7 @@ def _inventory(**host: Any) -> Inventory:
 
 
 def test_iommu(tree: Tree) -> None:
-    assert_check(hardware.check_iommu(context(tree, discover=lambda: _inventory())),
+    assert_check(hardware.check_iommu(context(tree, discover=_inventory)),
                  Status.SKIPPED, "no device bound to vfio-pci")
     vfio = context(tree, discover=lambda: _inventory(driver="vfio-pci", iommu_group="40"))
     tree.dir("/sys/kernel/iommu_groups")
@@ -88,7 +88,7 @@ def test_iommu(tree: Tree) -> None:
 
 def test_rdma_netns(tree: Tree) -> None:
     rdma = context(tree, discover=lambda: _inventory(rdma_device="mlx5_0"))
-    assert_check(hardware.check_rdma_netns(context(tree, discover=lambda: _inventory())),
+    assert_check(hardware.check_rdma_netns(context(tree, discover=_inventory)),
                  Status.SKIPPED, "no RDMA device")
     assert_check(hardware.check_rdma_netns(rdma), Status.WARN, "ib_core not loaded",
                  fix="modprobe")
