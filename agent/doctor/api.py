@@ -12,9 +12,12 @@ from typing import Any
 from urllib.parse import quote
 
 from agent.doctor.context import API_TIMEOUT, Context, Http
-from agent.doctor.host import one_line
+from agent.doctor.host import one_line, table
 from agent.doctor.model import Check, fail, ok, skipped, warn
-from agent.slices.versions import GROUP, PREFERRED_VERSIONS, from_wire
+
+#: agent.slices.versions' GROUP (a test keeps them equal): importing agent.slices here would
+#: load the whole slice controller, a third of the doctor's run time, for a string.
+GROUP = "resource.k8s.io"
 
 REACHABLE, VERSIONS, SLICES, CLASSES, RBAC = ("API server", "resource.k8s.io API",
                                               "ResourceSlices", "DeviceClasses", "RBAC")
@@ -66,6 +69,8 @@ def _served(http: Http) -> list[str]:
 
 def _version(http: Http) -> str | None:
     """The slice version the agent would use, or None when the server serves none of them."""
+    from agent.slices.versions import PREFERRED_VERSIONS
+
     served = _served(http)
     return next((v for v in PREFERRED_VERSIONS if v in served), None)
 
@@ -93,6 +98,8 @@ def check_versions(ctx: Context) -> Check:
     if (skip := _no_api(ctx, VERSIONS)) is not None:
         return skip
     assert ctx.api is not None
+    from agent.slices.versions import PREFERRED_VERSIONS
+
     try:
         served = _served(ctx.api)
     except ApiCheckError as err:
@@ -107,12 +114,17 @@ def check_versions(ctx: Context) -> Check:
 
 
 def _slices(http: Http, version: str, selector: str) -> list[dict[str, Any]]:
+    """This node's slices in v1 shape (agent.slices.versions converts older versions)."""
+    from agent.slices.versions import from_wire
+
     items: list[dict[str, Any]] = []
     cont = ""
     for _ in range(100):  # 100 pages of 500: more than any node publishes
         query = [("fieldSelector", selector), ("limit", "500")] + (
             [("continue", cont)] if cont else [])
         doc = _get(http, f"/apis/{GROUP}/{version}/resourceslices", query)
+        if not isinstance(doc, dict):
+            raise ApiCheckError("the ResourceSlice list is not a JSON object")
         items += [from_wire(o, version) for o in doc.get("items") or [] if isinstance(o, dict)]
         cont = (doc.get("metadata") or {}).get("continue") or ""
         if not cont:
@@ -123,16 +135,21 @@ def _slices(http: Http, version: str, selector: str) -> list[dict[str, Any]]:
 def published_devices(slices: Sequence[dict[str, Any]]) -> int:
     """Devices in the newest generation of each pool: while the agent replaces a pool, the
     slices of the older generation are still listed and are not counted twice."""
+    def key(s: dict[str, Any]) -> tuple[str, int]:
+        pool = table(s, "spec", "pool")
+        generation = pool.get("generation")
+        return str(pool.get("name", "")), generation if isinstance(generation, int) else 0
+
     newest: dict[str, int] = {}
     for s in slices:
-        pool = s.get("spec", {}).get("pool", {})
-        newest[pool.get("name", "")] = max(newest.get(pool.get("name", ""), 0),
-                                           int(pool.get("generation", 0) or 0))
+        name, generation = key(s)
+        newest[name] = max(newest.get(name, 0), generation)
     count = 0
     for s in slices:
-        pool = s.get("spec", {}).get("pool", {})
-        if int(pool.get("generation", 0) or 0) == newest[pool.get("name", "")]:
-            count += len(s.get("spec", {}).get("devices") or [])
+        name, generation = key(s)
+        devices = table(s, "spec").get("devices")
+        if generation == newest[name] and isinstance(devices, list):
+            count += len(devices)
     return count
 
 

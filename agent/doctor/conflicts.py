@@ -56,6 +56,9 @@ def registered_devices(ctx: Context) -> Mapping[str, list[Any]] | None:
 
 def check_device_plugins(ctx: Context) -> Check:
     types = ctx.options.device_types
+    if not ctx.host.is_dir(str(ctx.options.kubelet_dir)):
+        return skipped(DEVICE_PLUGINS, f"{ctx.options.kubelet_dir} does not exist (see kubelet "
+                       "dir)")
     try:
         devices = registered_devices(ctx)
     except HostFileError as err:

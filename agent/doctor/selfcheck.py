@@ -35,6 +35,8 @@ def _records(ctx: Context) -> tuple[dict[str, object] | None, str]:
 
 def check_checkpoint(ctx: Context) -> Check:
     path = f"{ctx.options.plugin_dir}/checkpoint.json"
+    if not ctx.host.is_dir(str(ctx.options.kubelet_dir)):
+        return skipped(CHECKPOINT, f"{ctx.options.kubelet_dir} does not exist (see kubelet dir)")
     records, why = _records(ctx)
     if records is None:
         return warn(CHECKPOINT, why, "the agent sets a corrupt checkpoint aside at start "

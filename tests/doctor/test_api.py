@@ -153,3 +153,15 @@ def test_permissions_are_what_the_cluster_role_grants() -> None:
                 name, _, sub = resource.partition("/")
                 granted |= {(group, name, sub, verb) for verb in rule["verbs"]}
     assert {p[:4] for p in api.PERMISSIONS} == granted
+
+
+def test_the_group_is_the_slice_controllers() -> None:
+    from agent.slices.versions import GROUP as SLICES_GROUP
+
+    assert api.GROUP == SLICES_GROUP
+
+
+def test_slices_of_a_strange_shape_count_nothing() -> None:
+    odd: list[dict[str, Any]] = [{"spec": {"pool": {"name": "p", "generation": "x"},
+                                           "devices": "abc"}}, {"spec": None}, {}]
+    assert api.published_devices(odd) == 0

@@ -32,6 +32,9 @@ def test_rdma_plugin_conflicts_only_when_nics_are_offered(tree: Tree) -> None:
 
 
 def test_other_plugins_and_no_checkpoint_are_fine(tree: Tree) -> None:
+    assert_check(conflicts.check_device_plugins(context(tree)), Status.SKIPPED,
+                 "/var/lib/kubelet does not exist")
+    tree.dir("/var/lib/kubelet")
     assert_check(conflicts.check_device_plugins(context(tree)), Status.OK,
                  "no device plugin checkpoint")
     tree.json(CKPT, _ckpt({"smarter-devices/fuse": ["fuse"]}))

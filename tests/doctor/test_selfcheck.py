@@ -36,6 +36,8 @@ def _record(uid: str, name: str, state: ClaimState = ClaimState.PREPARE_COMPLETE
 
 def test_no_checkpoint_yet(tree: Tree) -> None:
     ctx = context(tree)
+    assert_check(selfcheck.check_checkpoint(ctx), Status.SKIPPED, "see kubelet dir")
+    tree.dir("/var/lib/kubelet")
     assert_check(selfcheck.check_checkpoint(ctx), Status.OK, "not written yet")
     assert_check(selfcheck.check_specs(ctx), Status.SKIPPED, "no completed claim")
 
