@@ -197,3 +197,15 @@ def test_the_config_file_sets_doctors_own_options(tmp_path: Path, tree: Tree) ->
     result = _doctor("--config", str(conf))
     assert result.exit_code == 2  # type: ignore[attr-defined]
     assert result.stderr.startswith("error: --host-root: /no/such/dir")  # type: ignore
+
+
+def test_the_readme_shows_what_doctor_prints() -> None:
+    """The README's Troubleshooting section starts with doctor and its example is current."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Troubleshooting"):]
+    first = section.split("\n\n")[1]
+    assert first.startswith("Start with `dra-agent doctor`.")
+    block = section[section.index("$ dra-agent doctor --simulate dgx-h100\n"):]
+    shown = block.split("\n", 1)[1].split("```", 1)[0]
+    result = _doctor("--simulate", "dgx-h100", env={"DRA_AGENT_KUBECONFIG": ""})
+    assert result.stdout == shown  # type: ignore[attr-defined]
