@@ -76,7 +76,8 @@ def _version(http: Http) -> str | None:
 
 
 def _no_api(ctx: Context, name: str) -> Check | None:
-    return skipped(name, ctx.api_skip) if ctx.api is None else None
+    why = ctx.unreachable()
+    return skipped(name, why) if why else None
 
 
 def check_reachable(ctx: Context) -> Check:
@@ -85,13 +86,11 @@ def check_reachable(ctx: Context) -> Check:
                     "(the agent itself cannot use it either)")
     if ctx.api is None:
         return skipped(REACHABLE, ctx.api_skip)
-    try:
-        doc = _get(ctx.api, "/version")
-    except ApiCheckError as err:
-        return warn(REACHABLE, f"{ctx.api.server}: {err}",
+    doc, why = ctx.server_version()
+    if doc is None:
+        return warn(REACHABLE, f"{ctx.api.server}: {why}",
                     "check the kubeconfig's server, the network and the API server's health")
-    version = doc.get("gitVersion", "?") if isinstance(doc, dict) else "?"
-    return ok(REACHABLE, f"{ctx.api.server}: Kubernetes {version}")
+    return ok(REACHABLE, f"{ctx.api.server}: Kubernetes {doc.get('gitVersion', '?')}")
 
 
 def check_versions(ctx: Context) -> Check:

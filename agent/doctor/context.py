@@ -68,6 +68,7 @@ class Context:
     simulated: str = ""
     _inventory: Inventory | None = None
     _node: tuple[Mapping[str, Any] | None, str] | None = None
+    _version: tuple[Mapping[str, Any] | None, str] | None = None
 
     def inventory(self) -> Inventory:
         if self._inventory is None:
@@ -76,6 +77,31 @@ class Context:
             self._inventory = self.discover() if self.discover is not None else Inventory(())
         return self._inventory
 
+    def server_version(self) -> tuple[Mapping[str, Any] | None, str]:
+        """The API server's /version, or (None, why). Asked once: when the server does not
+        answer, every other API check says so at once instead of waiting out its own timeout
+        (a black-holed server would cost a connect timeout per request)."""
+        if self._version is None:
+            self._version = self._read_version()
+        return self._version
+
+    def unreachable(self) -> str:
+        """Why the API cannot be used ("" when it can): no client, or no answer."""
+        if self.api is None:
+            return self.api_skip or "no usable credentials (see API server)"
+        return "the API server did not answer (see API server)" \
+            if self.server_version()[0] is None else ""
+
+    def _read_version(self) -> tuple[Mapping[str, Any] | None, str]:
+        if self.api is None:
+            return None, self.api_skip
+        try:
+            doc = self.api.request("GET", "/version", timeout=API_TIMEOUT).raise_for_status() \
+                .json()
+        except Exception as err:  # no answer, an error status, a body that is not JSON
+            return None, one_line(str(err))
+        return (doc, "") if isinstance(doc, dict) else (None, "/version is not a JSON object")
+
     def node(self) -> tuple[Mapping[str, Any] | None, str]:
         """This node's Node object, or (None, why) when it cannot be read."""
         if self._node is None:
@@ -83,8 +109,8 @@ class Context:
         return self._node
 
     def _read_node(self) -> tuple[Mapping[str, Any] | None, str]:
-        if self.api is None:
-            return None, self.api_skip
+        if self.api is None or self.unreachable():
+            return None, self.unreachable()
         from urllib.parse import quote
 
         path = f"/api/v1/nodes/{quote(self.options.node_name, safe='')}"

@@ -105,6 +105,8 @@ class FakeHttp:
         if path.endswith("/selfsubjectaccessreviews"):
             allowed = self.reviews(body["spec"]["resourceAttributes"])
             return _resp(method, path, 201, {"status": {"allowed": allowed}})
+        if path == "/version" and (method, path) not in self.answers:
+            return _resp(method, path, 200, {"gitVersion": "v1.35.0"})
         if path.endswith("/selfsubjectreviews") and (method, path) not in self.answers:
             return _resp(method, path, 201, {"status": {"userInfo": {"username": self.user}}})
         answer = self.answers.get((method, path), (404, {"kind": "Status", "code": 404,

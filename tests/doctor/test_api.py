@@ -51,8 +51,12 @@ def test_reachable_and_not(tree: Tree) -> None:
     assert_check(api.check_reachable(context(tree, api=http)), Status.OK, "Kubernetes v1.35.1")
     down = FakeHttp({("GET", "/version"): KubeAPIError("GET", "/version", 0, "",
                                                         "connection refused")})
-    assert_check(api.check_reachable(context(tree, api=down)), Status.WARN,
+    ctx = context(tree, api=down)
+    assert_check(api.check_reachable(ctx), Status.WARN,
                  "https://10.0.0.1:6443", "connection refused", fix="network")
+    assert_check(api.check_slices(ctx), Status.SKIPPED, "did not answer")
+    assert_check(api.check_rbac(ctx), Status.SKIPPED, "did not answer")
+    assert [r[1] for r in down.requests] == ["/version"]  # asked once, for every check
 
 
 def test_versions(tree: Tree) -> None:

@@ -118,3 +118,15 @@ def test_a_custom_kubelet_dir_is_read_first(tree: Tree) -> None:
     ctx = context(tree, options=Options(kubelet_dir=PurePosixPath("/data/kubelet")))
     assert_check(kubelet.check_gates(ctx), Status.OK, "/data/kubelet/config.yaml",
                  "DRAAdminAccess=true")
+
+
+@pytest.mark.parametrize(("raw", "found"), [
+    (b"[" * 50000 + b"]" * 50000, "nested too deeply"),
+    (bytes(range(256)), "not UTF-8"),
+    (b"# " + b"x" * (2 << 20), "over the 1048576-byte cap"),
+])
+def test_hostile_kubelet_config_is_one_warning(tree: Tree, raw: bytes, found: str) -> None:
+    tree.write(CONFIG, raw)
+    check = kubelet.check_gates(context(tree))
+    assert_check(check, Status.WARN, found, fix="fix the kubelet config")
+    assert len(check.found) < 400

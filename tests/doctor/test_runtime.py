@@ -159,3 +159,19 @@ def test_a_directory_or_a_fifo_at_the_config_path(tree: Tree) -> None:
     check = runtime.check_runtime(context(tree))
     assert time.monotonic() - started < 1  # never waits for a writer
     assert_check(check, Status.WARN, f"{CFG} is a FIFO, not a regular file", fix="fix the file")
+
+
+def test_a_config_that_is_a_symlink_is_read_at_its_target_inside_the_host(tree: Tree) -> None:
+    # An absolute link target is the host's path, never this machine's.
+    tree.write("/opt/cfg/containerd.toml", V2_CDI_ON).socket(SOCK)
+    tree.symlink(CFG, "/opt/cfg/containerd.toml")
+    assert_check(runtime.check_cdi_enabled(context(tree)), Status.OK, "enable_cdi = true")
+    tree.local(CFG).unlink()
+    tree.symlink(CFG, "/etc/containerd/config.toml")  # a loop: ends, one warning
+    assert_check(runtime.check_runtime(context(tree)), Status.WARN, CFG, fix="fix the file")
+
+
+def test_a_dot_dot_link_cannot_leave_the_host_root(tree: Tree) -> None:
+    tree.symlink("/etc/containerd", "../../../../../../etc")
+    ctx = context(tree)
+    assert ctx.host.path(CFG) == tree.root / "etc" / "config.toml"
