@@ -9,7 +9,7 @@ check fails, 2 for bad input; a check that cannot read what it needs warns, in o
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,9 @@ from agent.common.config import Config, pop_config, shared_options
 
 if TYPE_CHECKING:
     from agent.doctor.context import Context, Http, Options
+    from agent.doctor.host import HostRoot
+    from discovery.model import Inventory
+    from discovery.sources import Sources
 
 
 @click.command()
@@ -109,18 +112,16 @@ def _context(cfg: Config, root: Path | None, api: Http | None, skip: str,
     from agent.doctor.context import Context
     from agent.doctor.host import HostRoot
     from discovery.scan import DiscoveryOptions, discover
-    from discovery.sources import Sources
 
     options = _options(cfg)
     wants_nvml = bool({"gpu", "mig"} & set(cfg.device_types))
 
     def make(host: HostRoot, sources: Sources) -> Context:
-        def run_discovery() -> Any:
+        def run_discovery() -> Inventory:
             return discover(sources, DiscoveryOptions(device_types=cfg.device_types))
 
-        found: Callable[[], Any] = run_discovery
         return Context(host=host, options=options, api=api, api_skip=skip, api_error=error,
-                       discover=found, gpu=sources.gpu if wants_nvml else None,
+                       discover=run_discovery, gpu=sources.gpu if wants_nvml else None,
                        simulated=cfg.simulate or "")
 
     if root is not None:
@@ -139,7 +140,7 @@ def _context(cfg: Config, root: Path | None, api: Http | None, skip: str,
         yield make(HostRoot(Path(tmp)), sources)
 
 
-def _host_sources(host: Any) -> Any:
+def _host_sources(host: HostRoot) -> Sources:
     """Discovery's sources for the host root. A pod mounting the host's / does not get its
     /proc and /dev (separate mounts): the pod's own stand in (hostNetwork: the same routes)."""
     from discovery.host import host_sources
