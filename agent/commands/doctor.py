@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 @shared_options("driver_name", "node_name", "kubeconfig", "kubelet_dir", "cdi_dir", "simulate",
                 "device_types", "metrics_address", "config_file", "log_format", "verbosity")
 def command(**kwargs: Any) -> None:
-    """Check why pods on this node would not get their devices."""
+    """Check why pods on this node would not get their devices.
+
+    Exit 0 when no check fails (warnings included), 1 when one does, 2 for bad input.
+    """
     from agent.common.logs import setup_logging
     from agent.doctor.render import to_json, to_table
     from agent.doctor.runner import exit_code, run_checks
