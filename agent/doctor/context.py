@@ -69,6 +69,7 @@ class Context:
     _inventory: Inventory | None = None
     _node: tuple[Mapping[str, Any] | None, str] | None = None
     _version: tuple[Mapping[str, Any] | None, str] | None = None
+    _packages: dict[str, str] | None = None
 
     def inventory(self) -> Inventory:
         if self._inventory is None:
@@ -76,6 +77,14 @@ class Context:
 
             self._inventory = self.discover() if self.discover is not None else Inventory(())
         return self._inventory
+
+    def packages(self) -> dict[str, str]:
+        """Installed package -> version from the host's dpkg database ({} without one)."""
+        if self._packages is None:
+            from agent.doctor.packages import dpkg_versions
+
+            self._packages = dpkg_versions(self.host)
+        return self._packages
 
     def server_version(self) -> tuple[Mapping[str, Any] | None, str]:
         """The API server's /version, or (None, why). Asked once: when the server does not

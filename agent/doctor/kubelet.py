@@ -83,12 +83,19 @@ def _version(text: str) -> tuple[int, int] | None:
 
 def check_version(ctx: Context) -> Check:
     node, why = ctx.node()
-    if node is None:
-        # No file on the node records it (the binary cannot be run read-only); the Node does.
-        return skipped(VERSION, f"recorded only in the Node's status.nodeInfo: {why}")
-    info = node.get("status", {}).get("nodeInfo", {}) if isinstance(node.get("status"), dict) \
-        else {}
-    text = str(info.get("kubeletVersion", "")) if isinstance(info, dict) else ""
+    if node is not None:
+        status = node.get("status")
+        info = status.get("nodeInfo") if isinstance(status, dict) else None
+        text = str(info.get("kubeletVersion", "")) if isinstance(info, dict) else ""
+    else:
+        # The binary cannot be run from a read-only root; the package database may know it.
+        from agent.doctor.packages import from_dpkg
+
+        installed = from_dpkg(ctx.packages(), "kubelet")
+        if installed is None:
+            return skipped(VERSION, f"not in a package database, and the Node's "
+                           f"status.nodeInfo cannot be read: {why}")
+        text = f"{installed.version.split('-')[0]} ({installed.source})"
     version = _version(text)
     if version is None:
         return warn(VERSION, f"the Node reports kubelet version {text!r}",

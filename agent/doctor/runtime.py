@@ -15,6 +15,7 @@ from typing import Any
 from agent.doctor.context import Context
 from agent.doctor.host import HostFileError, HostRoot, table
 from agent.doctor.model import Check, fail, ok, skipped, warn
+from agent.doctor.packages import Installed, containerd_installed, from_dpkg
 
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
@@ -44,13 +45,18 @@ class Runtime:
         version = self.config.get("version", 1)
         return version if isinstance(version, int) and version in CRI_PLUGIN else 1
 
-    def describe(self) -> str:
-        if self.kind == "CRI-O":
-            return "CRI-O"
-        if not self.files or self.error:
-            return "containerd"
+    def describe(self, installed: Installed | None = None) -> str:
+        """``containerd 2.1.4 (dpkg containerd.io), config version 3``: the installed version
+        where a package database or the binary says it, else what the config's format says."""
+        name = self.kind
+        if installed is not None:
+            name += f" {installed.version} ({installed.source})"
+        if self.kind == "CRI-O" or not self.files or self.error:
+            return name
         v = self.config_version
-        return f"containerd {'2.x' if v == 3 else '1.x'} (config version {v})"
+        if installed is None:
+            name += f" {'2.x' if v == 3 else '1.x'}"
+        return f"{name}, config version {v}"
 
     def cri_table(self) -> dict[str, Any]:
         if self.kind == "CRI-O":
@@ -146,14 +152,21 @@ def check_runtime(ctx: Context) -> Check:
                     "inject CDI devices")
     rt = found[0]
     files = ", ".join(rt.files) or "no config file: built-in defaults"
+    installed = _installed(ctx, rt)
     if rt.error:
-        return warn(NAME, f"{rt.describe()}: {rt.error}",
+        return warn(NAME, f"{rt.describe(installed)}: {rt.error}",
                     "fix the file: the runtime refuses to start with it, or runs without it")
     where = CONTAINERD_SOCKET if rt.kind == "containerd" else CRIO_SOCKET
     if not rt.socket:
-        return warn(NAME, f"{rt.describe()} ({files}); no socket at {where}",
+        return warn(NAME, f"{rt.describe(installed)} ({files}); no socket at {where}",
                     f"start {rt.kind} (systemctl start {rt.kind.lower()})")
-    return ok(NAME, f"{rt.describe()}, socket {where} ({files})")
+    return ok(NAME, f"{rt.describe(installed)}, socket {where} ({files})")
+
+
+def _installed(ctx: Context, rt: Runtime) -> Installed | None:
+    if rt.kind == "CRI-O":
+        return from_dpkg(ctx.packages(), "cri-o")
+    return containerd_installed(ctx.host, ctx.packages())
 
 
 def check_cdi_enabled(ctx: Context) -> Check:
@@ -162,10 +175,13 @@ def check_cdi_enabled(ctx: Context) -> Check:
         return skipped(CDI, "no readable container runtime configuration (see container runtime)")
     rt = found[0]
     if rt.kind == "CRI-O":
-        # CRI-O reads CDI specs unconditionally since 1.23; there is no switch to check.
-        return ok(CDI, "CRI-O: CDI always on since 1.23")
+        return _crio_cdi(ctx)
+    installed = _installed(ctx, rt)
+    two = installed is not None and (installed.major_minor or (0, 0)) >= (2, 0)
     if not rt.files:
-        return warn(CDI, "containerd without a config file: CDI is off in containerd 1.7's "
+        if two:
+            return ok(CDI, f"{rt.describe(installed)} without a config file: CDI on by default")
+        return warn(CDI, f"{rt.describe(installed)} without a config file: CDI is off in 1.7's "
                     "defaults, on in 2.x's",
                     f"write {CONTAINERD_CONFIG} with version = 2 and enable_cdi = true under "
                     f'[plugins."{CRI_PLUGIN[2]}"], or upgrade to containerd 2.x')
@@ -174,16 +190,34 @@ def check_cdi_enabled(ctx: Context) -> Check:
     value = rt.cri_table().get("enable_cdi")
     fix = (f'set enable_cdi = true under [plugins."{plugin}"] in {CONTAINERD_CONFIG} (or the '
            "import that replaces that section) and restart containerd")
+    what = rt.describe(installed)
     if value is True:
-        return ok(CDI, f'{rt.describe()}: enable_cdi = true in [plugins."{plugin}"]')
+        return ok(CDI, f'{what}: enable_cdi = true in [plugins."{plugin}"]')
     if value is not None and value is not False:
-        return fail(CDI, f"{rt.describe()}: enable_cdi = {value!r} is not a boolean", fix)
+        return fail(CDI, f"{what}: enable_cdi = {value!r} is not a boolean", fix)
     if value is False:
-        return fail(CDI, f'{rt.describe()}: enable_cdi = false in [plugins."{plugin}"]', fix)
-    if version == 3:
-        return ok(CDI, f"{rt.describe()}: enable_cdi not set, on by default in containerd 2.x")
-    return fail(CDI, f'{rt.describe()}: enable_cdi not set in [plugins."{plugin}"]; '
+        return fail(CDI, f'{what}: enable_cdi = false in [plugins."{plugin}"]', fix)
+    if version == 3 or two:
+        # containerd 2.x reads (migrates) a version-2 config too, and turns CDI on by default.
+        return ok(CDI, f"{what}: enable_cdi not set, on by default in containerd 2.x")
+    return fail(CDI, f'{what}: enable_cdi not set in [plugins."{plugin}"]; '
                 "containerd 1.7 defaults it to false", fix)
+
+
+#: The first CRI-O that reads CDI specs.
+CRIO_CDI = (1, 23)
+
+
+def _crio_cdi(ctx: Context) -> Check:
+    installed: Installed | None = from_dpkg(ctx.packages(), "cri-o")
+    if installed is None:
+        return ok(CDI, "CRI-O (version not recorded in a package database): CDI always on "
+                  "since 1.23")
+    version = installed.major_minor
+    if version is not None and version < CRIO_CDI:
+        return fail(CDI, f"CRI-O {installed.version} ({installed.source}): CDI needs 1.23 or "
+                    "later", "upgrade CRI-O (to the kubelet's minor version)")
+    return ok(CDI, f"CRI-O {installed.version} ({installed.source}): CDI always on since 1.23")
 
 
 def _same_dir(host: HostRoot, a: str, b: str) -> bool:

@@ -40,6 +40,23 @@ cgroupDriver: systemd
 featureGates:
   DRAResourceClaimDeviceStatus: true
 """
+#: The package database of a kubeadm node (Debian/Ubuntu): where the versions are recorded.
+DPKG = """\
+Package: containerd.io
+Status: install ok installed
+Architecture: amd64
+Version: 2.1.4-1
+
+Package: kubelet
+Status: install ok installed
+Architecture: amd64
+Version: 1.35.0-1.1
+
+Package: nvidia-container-toolkit
+Status: install ok installed
+Architecture: amd64
+Version: 1.17.8-1
+"""
 TOOLKIT = """\
 accept-nvidia-visible-devices-envvar-when-unprivileged = false
 
@@ -79,6 +96,7 @@ def healthy_host_root(profile: str, root: Path, options: Options) -> Sources:
     os.symlink("../run", root / "var" / "run")
     for directory in ("/etc/cdi", str(options.cdi_dir)):
         (root / directory.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    _write(root, "/var/lib/dpkg/status", DPKG)
     _write(root, "/etc/containerd/config.toml", CONTAINERD)
     _write(root, "/etc/containerd/conf.d/10-images.toml", CONTAINERD_DROP_IN)
     _socket(root, "/run/containerd/containerd.sock")

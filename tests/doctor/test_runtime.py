@@ -19,7 +19,7 @@ V2_NO_CDI = 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image
 def test_containerd_17_with_cdi_on(tree: Tree) -> None:
     tree.write(CFG, V2_CDI_ON).socket(SOCK)
     ctx = context(tree)
-    assert_check(runtime.check_runtime(ctx), Status.OK, "containerd 1.x (config version 2)",
+    assert_check(runtime.check_runtime(ctx), Status.OK, "containerd 1.x, config version 2",
                  f"socket {SOCK}")
     assert_check(runtime.check_cdi_enabled(ctx), Status.OK, "enable_cdi = true")
     assert_check(runtime.check_cdi_dirs(ctx), Status.OK, "/etc/cdi, /var/run/cdi (default)")
@@ -65,7 +65,7 @@ def test_an_import_loop_ends(tree: Tree) -> None:
 def test_containerd_2_defaults_cdi_on_and_can_turn_it_off(tree: Tree) -> None:
     tree.write(CFG, 'version = 3\n[plugins."io.containerd.cri.v1.runtime"]\n').socket(SOCK)
     ctx = context(tree)
-    assert_check(runtime.check_runtime(ctx), Status.OK, "containerd 2.x (config version 3)")
+    assert_check(runtime.check_runtime(ctx), Status.OK, "containerd 2.x, config version 3")
     assert_check(runtime.check_cdi_enabled(ctx), Status.OK, "on by default in containerd 2.x")
     tree.write(CFG, 'version = 3\n[plugins."io.containerd.cri.v1.runtime"]\nenable_cdi = false\n')
     assert_check(runtime.check_cdi_enabled(context(tree)), Status.FAIL, "enable_cdi = false",
