@@ -56,9 +56,12 @@ def registered_devices(ctx: Context) -> Mapping[str, list[Any]] | None:
 
 def check_device_plugins(ctx: Context) -> Check:
     types = ctx.options.device_types
-    if not ctx.host.is_dir(str(ctx.options.kubelet_dir)):
-        return skipped(DEVICE_PLUGINS, f"{ctx.options.kubelet_dir} does not exist (see kubelet "
-                       "dir)")
+    plugins = f"{ctx.options.kubelet_dir}/device-plugins"
+    if not ctx.host.is_dir(plugins):
+        # The kubelet always creates it (its kubelet.sock lives there): missing means not
+        # visible here, e.g. in the agent's pod, which mounts only its own directories.
+        return skipped(DEVICE_PLUGINS, f"no {plugins} here (mount the host's / and give "
+                       "--host-root)")
     try:
         devices = registered_devices(ctx)
     except HostFileError as err:

@@ -33,8 +33,8 @@ def test_rdma_plugin_conflicts_only_when_nics_are_offered(tree: Tree) -> None:
 
 def test_other_plugins_and_no_checkpoint_are_fine(tree: Tree) -> None:
     assert_check(conflicts.check_device_plugins(context(tree)), Status.SKIPPED,
-                 "/var/lib/kubelet does not exist")
-    tree.dir("/var/lib/kubelet")
+                 "no /var/lib/kubelet/device-plugins here")
+    tree.dir("/var/lib/kubelet/device-plugins")
     assert_check(conflicts.check_device_plugins(context(tree)), Status.OK,
                  "no device plugin checkpoint")
     tree.json(CKPT, _ckpt({"smarter-devices/fuse": ["fuse"]}))
