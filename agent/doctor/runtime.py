@@ -65,18 +65,24 @@ class Runtime:
 
 
 def _merge_containerd(host: HostRoot, path: str, into: dict[str, Any], files: list[str],
-                      seen: set[str]) -> None:
-    """Read ``path`` and its imports into ``into`` as containerd does: a later file replaces a
-    whole ``[plugins."<id>"]`` section (containerd's mergeConfig does not merge a plugin's
-    keys), so a drop-in that sets one CRI key silently drops ``enable_cdi`` set before it."""
+                      seen: set[str], *, deep: bool | None) -> None:
+    """Read ``path`` and its imports into ``into`` as containerd does. containerd 1.x replaces
+    a whole ``[plugins."<id>"]`` section with a later file's (so a drop-in that sets one CRI
+    key silently drops the ``enable_cdi`` set before it); 2.x merges the sections key by key
+    (containerd#9982). ``deep`` None: decided by the main file's version (3: 2.x)."""
     if path in seen or len(seen) >= MAX_IMPORTS:
         return
     seen.add(path)
     doc = host.read_toml(path)
     files.append(path)
+    if deep is None:
+        deep = doc.get("version") == 3
     for key, value in doc.items():
         if key == "plugins" and isinstance(value, dict) and isinstance(into.get("plugins"), dict):
-            into["plugins"].update(value)
+            if deep:
+                _deep_merge(into["plugins"], value)
+            else:
+                into["plugins"].update(value)
         elif key == "version" and len(files) > 1:
             continue  # the main file's version decides how containerd reads the config
         elif key != "imports":
@@ -88,7 +94,15 @@ def _merge_containerd(host: HostRoot, path: str, into: dict[str, Any], files: li
         if not isinstance(entry, str) or not entry:
             raise HostFileError(f"{path}: imports holds {entry!r}, not a path")
         for found in _glob(host, PurePosixPath(path).parent / entry):
-            _merge_containerd(host, str(found), into, files, seen)
+            _merge_containerd(host, str(found), into, files, seen, deep=deep)
+
+
+def _deep_merge(into: dict[str, Any], update: dict[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
 
 
 def _glob(host: HostRoot, pattern: PurePosixPath) -> list[PurePosixPath]:
@@ -102,7 +116,7 @@ def _glob(host: HostRoot, pattern: PurePosixPath) -> list[PurePosixPath]:
     return [pattern.parent / n for n in names if fnmatch.fnmatchcase(n, pattern.name)]
 
 
-def _containerd(host: HostRoot) -> Runtime | None:
+def _containerd(host: HostRoot, installed: Installed | None) -> Runtime | None:
     socket = host.is_socket(CONTAINERD_SOCKET)
     if not host.exists(CONTAINERD_CONFIG):
         # No file: containerd runs on its built-in defaults (version 2 in 1.x, 3 in 2.x).
@@ -110,7 +124,10 @@ def _containerd(host: HostRoot) -> Runtime | None:
     config: dict[str, Any] = {"plugins": {}}
     files: list[str] = []
     try:
-        _merge_containerd(host, CONTAINERD_CONFIG, config, files, set())
+        # An installed 2.x merges like 2.x whatever the config's version.
+        two = installed is not None and (installed.major_minor or (0, 0)) >= (2, 0)
+        _merge_containerd(host, CONTAINERD_CONFIG, config, files, set(),
+                          deep=True if two else None)
     except (HostFileError, FileNotFoundError) as err:
         return Runtime("containerd", socket, {}, tuple(files), str(err) or "file vanished")
     return Runtime("containerd", socket, config, tuple(files))
@@ -137,14 +154,15 @@ def _crio(host: HostRoot) -> Runtime | None:
     return Runtime("CRI-O", socket, config, tuple(files))
 
 
-def detect(host: HostRoot) -> list[Runtime]:
+def detect(ctx: Context) -> list[Runtime]:
     """The runtimes found, the one with a socket (the one running) first."""
-    found = [r for r in (_containerd(host), _crio(host)) if r is not None]
+    installed = containerd_installed(ctx.host, ctx.packages())
+    found = [r for r in (_containerd(ctx.host, installed), _crio(ctx.host)) if r is not None]
     return sorted(found, key=lambda r: not r.socket)
 
 
 def check_runtime(ctx: Context) -> Check:
-    found = detect(ctx.host)
+    found = detect(ctx)
     if not found:
         return warn(NAME, f"neither containerd ({CONTAINERD_CONFIG}, {CONTAINERD_SOCKET}) nor "
                     f"CRI-O ({CRIO_DIR}, {CRIO_SOCKET}) found under {ctx.host.root}",
@@ -170,7 +188,7 @@ def _installed(ctx: Context, rt: Runtime) -> Installed | None:
 
 
 def check_cdi_enabled(ctx: Context) -> Check:
-    found = detect(ctx.host)
+    found = detect(ctx)
     if not found or found[0].error:
         return skipped(CDI, "no readable container runtime configuration (see container runtime)")
     rt = found[0]
@@ -226,7 +244,7 @@ def _same_dir(host: HostRoot, a: str, b: str) -> bool:
 
 
 def check_cdi_dirs(ctx: Context) -> Check:
-    found = detect(ctx.host)
+    found = detect(ctx)
     if not found or found[0].error:
         return skipped(CDI_DIRS, "no readable container runtime configuration")
     rt = found[0]

@@ -175,3 +175,14 @@ def test_a_dot_dot_link_cannot_leave_the_host_root(tree: Tree) -> None:
     tree.symlink("/etc/containerd", "../../../../../../etc")
     ctx = context(tree)
     assert ctx.host.path(CFG) == tree.root / "etc" / "config.toml"
+
+
+def test_containerd_2_merges_an_imported_section_key_by_key(tree: Tree) -> None:
+    # containerd 2.x (config version 3) keeps enable_cdi when an import sets another CRI key.
+    main = ('version = 3\nimports = ["conf.d/*.toml"]\n'
+            '[plugins."io.containerd.cri.v1.runtime"]\nenable_cdi = false\n')
+    tree.write(CFG, main).socket(SOCK)
+    tree.write("/etc/containerd/conf.d/10.toml", 'version = 3\n[plugins."io.containerd.cri.v1.'
+               'runtime".containerd]\ndefault_runtime_name = "runc"\n')
+    assert_check(runtime.check_cdi_enabled(context(tree)), Status.FAIL, "enable_cdi = false",
+                 fix="enable_cdi = true")
