@@ -42,7 +42,7 @@ def test_containerd_17_enable_cdi_false_or_not_a_boolean(tree: Tree) -> None:
 
 
 def test_an_import_that_replaces_the_cri_section_drops_enable_cdi(tree: Tree) -> None:
-    # containerd replaces a whole plugin section with an import's: enable_cdi is gone.
+    # containerd 1.x replaces a whole plugin section with an import's: enable_cdi is gone.
     tree.write(CFG, 'imports = ["/etc/containerd/conf.d/*.toml"]\n' + V2_CDI_ON)
     tree.write("/etc/containerd/conf.d/50-mirror.toml", V2_NO_CDI).socket(SOCK)
     ctx = context(tree)
