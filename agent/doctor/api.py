@@ -21,15 +21,17 @@ GROUP = "resource.k8s.io"
 
 REACHABLE, VERSIONS, SLICES, CLASSES, RBAC = ("API server", "resource.k8s.io API",
                                               "ResourceSlices", "DeviceClasses", "RBAC")
-#: What deploy/base/rbac.yaml grants, as (group, resource, subresource, verb, required);
-#: tests/doctor checks the two stay the same. Status patches only carry NIC details: without
-#: them the agent says so once and carries on, so a denial there is a warning.
-PERMISSIONS: tuple[tuple[str, str, str, str, bool], ...] = (
-    *((GROUP, "resourceslices", "", v, True)
+#: What deploy/base/rbac.yaml grants, as (group, resource, subresource, verb, what the agent
+#: loses without it: "" when it cannot work without it); tests/doctor keeps the two the same.
+#: Without an optional one the agent says so once and carries on, so its denial is a warning.
+PERMISSIONS: tuple[tuple[str, str, str, str, str], ...] = (
+    *((GROUP, "resourceslices", "", v, "")
       for v in ("get", "list", "watch", "create", "update", "delete")),
-    (GROUP, "resourceclaims", "", "get", True),
-    (GROUP, "resourceclaims", "status", "patch", False),
-    ("", "nodes", "", "get", True),
+    (GROUP, "resourceclaims", "", "get", ""),
+    (GROUP, "resourceclaims", "status", "patch", "NIC details in claim status"),
+    ("", "nodes", "", "get", ""),
+    (GROUP, "deviceclasses", "", "list",
+     "the cluster's classes in the device-plugin overlap check (the shipped ones stand in)"),
 )
 
 
@@ -251,12 +253,14 @@ def check_rbac(ctx: Context) -> Check:
         return skipped(RBAC, f"{user}: the Node authorizer decides per object")
     denied: list[str] = []
     optional: list[str] = []
+    lost: list[str] = []
     try:
-        for group, resource, sub, verb, required in PERMISSIONS:
+        for group, resource, sub, verb, without in PERMISSIONS:
             if not _review(ctx.api, group, resource, sub=sub, verb=verb,
                            node=ctx.options.node_name):
                 what = f"{verb} {resource}{'/' + sub if sub else ''}"
-                (denied if required else optional).append(what)
+                (optional if without else denied).append(what)
+                lost += [without] if without else []
     except ApiCheckError as err:
         return warn(RBAC, f"SelfSubjectAccessReview failed: {err}", "see API server")
     who = user or "these credentials"
@@ -265,6 +269,6 @@ def check_rbac(ctx: Context) -> Check:
                     "kubectl apply -f deploy/base/rbac.yaml (ClusterRole dra-agent, bound to "
                     "the agent's ServiceAccount)")
     if optional:
-        return warn(RBAC, f"{who} may not: {', '.join(optional)} (NIC details in claim "
-                    "status are not written)", "kubectl apply -f deploy/base/rbac.yaml")
+        return warn(RBAC, f"{who} may not: {', '.join(optional)} (without it: "
+                    f"{'; '.join(lost)})", "kubectl apply -f deploy/base/rbac.yaml")
     return ok(RBAC, f"{who} may do all {len(PERMISSIONS)} things the agent needs")

@@ -1,6 +1,10 @@
 """Another driver handing out the same devices: a device plugin serving this node's GPUs or
 RDMA devices lets the kubelet give one GPU to two pods (one through DRA, one through the
 plugin), and neither side knows.
+
+The agent itself refuses to start only where a DeviceClass maps the device plugin's resource
+name (extendedResourceName, agent/deviceplugins.py); a device plugin for the same hardware
+without such a class is as much a double allocation, so doctor names any of them.
 """
 
 from __future__ import annotations
@@ -81,20 +85,21 @@ def check_device_plugins(ctx: Context) -> Check:
               f"{','.join(types)}")
 
 
-def _quantity_zero(value: Any) -> bool:
-    return str(value).strip() in ("0", "")
-
-
 def check_capacity(ctx: Context) -> Check:
     node, why = ctx.node()
     if node is None:
         return skipped(CAPACITY, why)
+    from agent.deviceplugins import advertised_in_capacity
+
     status = node.get("status")
     capacity = status.get("capacity") if isinstance(status, dict) else None
     if not isinstance(capacity, dict):
         return warn(CAPACITY, "the Node has no status.capacity", "check the kubelet's health")
-    clash = sorted(f"{k}={v}" for k, v in capacity.items()
-                   if overlapping(str(k), ctx.options.device_types) and not _quantity_zero(v))
+    # Non-zero extended resources, as the agent's own start-up check reads them (a stopped
+    # device plugin leaves its resource at 0).
+    advertised = advertised_in_capacity(node)
+    clash = sorted(f"{k}={capacity[k]}" for k in advertised
+                   if overlapping(k, ctx.options.device_types))
     if clash:
         return fail(CAPACITY, f"Node {ctx.options.node_name} advertises {', '.join(clash)} "
                     "through a device plugin",

@@ -127,7 +127,7 @@ def test_device_classes(tree: Tree) -> None:
 
 def test_rbac_allowed_denied_and_optional(tree: Tree) -> None:
     assert_check(api.check_rbac(context(tree, api=FakeHttp())), Status.OK,
-                 "may do all 9 things")
+                 "may do all 10 things")
     denied = FakeHttp(reviews=lambda a: not (a["resource"] == "resourceslices"
                                              and a["verb"] == "delete"))
     assert_check(api.check_rbac(context(tree, api=denied)), Status.FAIL,
@@ -140,7 +140,7 @@ def test_rbac_allowed_denied_and_optional(tree: Tree) -> None:
 def test_rbac_asks_for_its_own_node_and_skips_node_credentials(tree: Tree) -> None:
     http = FakeHttp()
     api.check_rbac(context(tree, api=http))
-    assert len([r for r in http.requests if r[1].endswith("accessreviews")]) == 9
+    assert len([r for r in http.requests if r[1].endswith("accessreviews")]) == 10
     node = FakeHttp(user="system:node:n1")
     assert_check(api.check_rbac(context(tree, api=node)), Status.SKIPPED,
                  "system:node:n1: the Node authorizer decides per object")
@@ -169,3 +169,9 @@ def test_slices_of_a_strange_shape_count_nothing() -> None:
     odd: list[dict[str, Any]] = [{"spec": {"pool": {"name": "p", "generation": "x"},
                                            "devices": "abc"}}, {"spec": None}, {}]
     assert api.published_devices(odd) == 0
+
+
+def test_rbac_without_listing_device_classes_warns_with_what_is_lost(tree: Tree) -> None:
+    http = FakeHttp(reviews=lambda a: a["resource"] != "deviceclasses")
+    assert_check(api.check_rbac(context(tree, api=http)), Status.WARN,
+                 "may not: list deviceclasses", "the shipped ones stand in", fix="rbac.yaml")

@@ -58,10 +58,13 @@ def _node(capacity: dict[str, str]) -> FakeHttp:
 
 
 def test_node_capacity(tree: Tree) -> None:
-    clash = context(tree, api=_node({"cpu": "8", "nvidia.com/gpu": "8", "amd.com/gpu": "0"}))
+    clash = context(tree, api=_node({"cpu": "8", "nvidia.com/gpu": "8", "amd.com/gpu": "0",
+                                     "rdma/ib": "0k"}))
     assert_check(conflicts.check_capacity(clash), Status.FAIL, "nvidia.com/gpu=8",
                  fix="remove the device plugin")
+    # A stopped device plugin leaves its resource at zero, in any spelling: no clash.
     assert "amd.com/gpu" not in conflicts.check_capacity(clash).found
+    assert "rdma/ib" not in conflicts.check_capacity(clash).found
     clean = context(tree, api=_node({"cpu": "8", "memory": "1Gi"}))
     assert_check(conflicts.check_capacity(clean), Status.OK, "no extended resource")
     assert_check(conflicts.check_capacity(context(tree)), Status.SKIPPED, "--kubeconfig none")
