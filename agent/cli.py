@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "claims": "agent.commands.claims:command",
     "config": "agent.commands.config:command",
     "discover": "agent.commands.discover:command",
+    "doctor": "agent.commands.doctor:command",
     "explain": "agent.commands.explain:command",
     "run": "agent.commands.run:command",
 }

@@ -23,6 +23,8 @@ NOT_READ: dict[tuple[str, ...], tuple[str, ...]] = {
     ("discover",): ("--kubeconfig", "--kubelet-dir", "--cdi-dir", "--metrics-address"),
     ("cdi", "generate"): ("--kubeconfig", "--kubelet-dir", "--cdi-dir", "--metrics-address"),
     ("explain",): ("--kubelet-dir", "--cdi-dir", "--metrics-address", "--log-format"),
+    # doctor reads sysfs under --host-root, never a --sysfs-root of its own.
+    ("doctor",): ("--sysfs-root",),
 }
 
 
@@ -75,7 +77,7 @@ def test_version_flag() -> None:
 
 
 @pytest.mark.parametrize("command", [("discover",), ("cdi", "generate"), ("explain",),
-                                     ("run",)], ids=" ".join)
+                                     ("run",), ("doctor",)], ids=" ".join)
 def test_simulate_help_lists_the_profiles(command: tuple[str, ...]) -> None:
     text = " ".join(_help(*command).split())
     listed = ", ".join(sorted(PROFILES))

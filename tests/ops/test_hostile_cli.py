@@ -39,13 +39,15 @@ COMMANDS: dict[str, list[str]] = {
     "cdi generate": ["cdi", "generate", "--simulate", "dgx-h100"],
     "run": ["run", "--simulate", "dgx-h100", "--kubeconfig", "none", "--metrics-address", "none"],
     "explain": ["explain", "-f", "-", "--simulate", "dgx-h100"],
+    "doctor": ["doctor", "--simulate", "dgx-h100", "--kubeconfig", "none"],
 }
 
 #: The directories each command writes or reads under (pointed at tmp_path), and a path option
 #: it takes; each command offers only the shared options it reads.
 DIRS: dict[str, tuple[str, ...]] = {"claims": ("--kubelet-dir",),
                                     "run": ("--kubelet-dir", "--cdi-dir")}
-PATH_FLAG: dict[str, str] = {"claims": "--kubelet-dir", "run": "--kubelet-dir"}
+PATH_FLAG: dict[str, str] = {"claims": "--kubelet-dir", "run": "--kubelet-dir",
+                             "doctor": "--kubelet-dir"}
 
 
 def _one_error_line(result: object) -> str:
