@@ -16,7 +16,7 @@ from hack.benches import Figure
 
 AREAS = (
     "discovery", "cdi", "plugin", "flood", "slices", "startup", "explain", "health", "ops", "e2e",
-    "realkubelet",
+    "realkubelet", "vs-upstream",
 )
 
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     for area in args.areas:
         start = time.monotonic()
         try:
-            module = importlib.import_module(f"hack.benches.{area}")
+            module = importlib.import_module(f"hack.benches.{area.replace('-', '')}")
         except ModuleNotFoundError as err:
             print(f"# {area}: not available ({err})")
             continue

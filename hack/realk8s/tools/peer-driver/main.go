@@ -6,8 +6,9 @@
 // checkpointmanager. It exists so `python -m hack.bench vs-upstream` can measure the agent and
 // the Go helper under the same harness, in the same run.
 //
-// Flags: --kubeconfig --node-name --driver-name --kubelet-dir --cdi-dir --devices FILE
-// (FILE: the JSON list `dra-agent discover -o json` prints; the devices of every slice are
+// Flags: --kubeconfig --node-name --driver-name --kubelet-dir --cdi-dir --kube-api-qps
+// --kube-api-burst --devices FILE
+// (FILE: the v1 List of slices `dra-agent discover -o json` prints; the devices of every slice are
 // published as one pool named after the node). It prints "ready" on stdout once the slices are
 // handed to the controller and the plugin is registered-for (the registration socket serves),
 // and stops cleanly on SIGTERM.
@@ -207,26 +208,35 @@ func main() {
 	kubeletDir := flag.String("kubelet-dir", "/var/lib/kubelet", "the kubelet's root dir")
 	cdiDir := flag.String("cdi-dir", "/var/run/cdi", "CDI spec directory")
 	devicesFile := flag.String("devices", "", "`dra-agent discover -o json` output")
+	// dra-example-driver's own defaults are client-go's (5, 10): every claim GET past the
+	// tenth in a burst then waits for the limiter. The benchmark passes the kubelet's (50, 100)
+	// so that it compares the drivers, not their rate limits.
+	qps := flag.Float64("kube-api-qps", 5, "API client queries per second")
+	burst := flag.Int("kube-api-burst", 10, "API client burst")
 	klog.InitFlags(nil)
 	flag.Parse()
-	if err := run(*kubeconfig, *nodeName, *driverName, *kubeletDir, *cdiDir, *devicesFile); err != nil {
+	if err := run(*kubeconfig, *nodeName, *driverName, *kubeletDir, *cdiDir, *devicesFile,
+		float32(*qps), *burst); err != nil {
 		fmt.Fprintln(os.Stderr, "peer-driver:", err)
 		os.Exit(1)
 	}
 }
 
-func run(kubeconfig, nodeName, driverName, kubeletDir, cdiDir, devicesFile string) error {
+func run(kubeconfig, nodeName, driverName, kubeletDir, cdiDir, devicesFile string,
+	qps float32, burst int) error {
 	raw, err := os.ReadFile(devicesFile)
 	if err != nil {
 		return err
 	}
-	var slices []slice
-	if err := json.Unmarshal(raw, &slices); err != nil {
+	var list struct {
+		Items []slice `json:"items"`
+	}
+	if err := json.Unmarshal(raw, &list); err != nil {
 		return fmt.Errorf("%s: %w", devicesFile, err)
 	}
 	var devices []resourceapi.Device
 	known := map[string]bool{}
-	for _, s := range slices {
+	for _, s := range list.Items {
 		for _, dev := range s.Spec.Devices {
 			devices = append(devices, dev)
 			known[dev.Name] = true
@@ -236,6 +246,7 @@ func run(kubeconfig, nodeName, driverName, kubeletDir, cdiDir, devicesFile strin
 	if err != nil {
 		return err
 	}
+	config.QPS, config.Burst = qps, burst
 	client, err := kubernetes.NewForConfig(config)
 	if err != nil {
 		return err

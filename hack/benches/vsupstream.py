@@ -1,0 +1,262 @@
+"""The agent beside a Go driver on the upstream kubeletplugin helper, in one run.
+
+What users compare the agent with is not our floor but the driver they would run instead: every
+peer driver is a Go program on k8s.io/dynamic-resource-allocation's ``kubeletplugin`` helper and
+``resourceslice`` controller. ``hack/realk8s/bin/1.37/peer-driver`` is one (the example driver's
+way of preparing: a CDI spec per claim with the CDI library, a checkpoint through the kubelet's
+checkpointmanager), publishing the same simulated dgx-h100 devices under the driver name
+``peer.dra-agent.io``.
+
+Both run on one node of a real kube-apiserver with the node's own credentials, registered with
+the same kubelet: ``kubelet-dra``, the kubelet's own DRA manager (``pkg/kubelet/cm/dra``), which
+prepares and unprepares pods of 1-GPU claims and of 8-GPU claims of each driver, interleaved
+call by call (who goes first alternates per round), so both see the same API server, kubelet
+and machine load. Each row prints ours, theirs and the ratio; the verdicts are the ratios.
+
+Also timed per driver, from the process start: the registration socket answering GetInfo,
+and its slices complete in the API server; and each process's resident memory once idle.
+
+Skipped with one line when the binaries are not built (``hack/realk8s/build.sh 1.37``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hack.benches import Figure
+
+MINOR = "1.37"  # the peer driver follows the current helper's interface
+PEER = "peer.dra-agent.io"
+SMALL_PODS = 8  # one GPU each: every GPU of the profile
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def _registered(socket: Path, timeout: float) -> float:
+    """Seconds until ``socket`` answers the kubelet's GetInfo (from now)."""
+    import grpc
+
+    from protos.pluginregistration import api_pb2 as reg
+    from protos.pluginregistration import api_pb2_grpc as reg_grpc
+
+    start = time.perf_counter()
+    deadline = start + timeout
+    while time.perf_counter() < deadline:
+        if socket.exists():
+            with grpc.insecure_channel(f"unix://{socket}") as channel:
+                try:
+                    reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest(), timeout=1)
+                    return time.perf_counter() - start
+                except grpc.RpcError:
+                    pass
+        time.sleep(0.002)
+    raise RuntimeError(f"{socket} never answered GetInfo")
+
+
+def _peer_class() -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": f"gpu.{PEER}"},
+            "spec": {"selectors": [{"cel": {"expression": (
+                f"device.driver == '{PEER}' && device.attributes['{PEER}'].type == 'gpu'")}}]}}
+
+
+def _measure(rounds: int) -> tuple[dict[tuple[str, str, str], list[float]], dict[str, float]]:
+    """(driver, claim size, op) -> seconds per call, and the start/memory figures."""
+    from tests.e2e.harness import DRIVER, GPU_CLASS, AgentProcess, NodeDirs
+    from tests.realk8s.agent import allocate, revisions, wait_settled
+    from tests.realk8s.cluster import bin_dir, running
+    from tests.realk8s.kubelet import KubeletDRA
+    from tests.realk8s.test_kubelet_dra import get_pod
+    from tests.realk8s.test_node_identity import pod_using
+    from tests.waiting import wait_for
+
+    node = "node-vs"
+    times: dict[tuple[str, str, str], list[float]] = {}
+    facts: dict[str, float] = {}
+    root = Path(tempfile.mkdtemp(prefix="vs", dir="/tmp"))  # short: socket paths
+    devices = root / "devices.json"
+    devices.write_text(subprocess.run(
+        [sys.executable, "-m", "agent.cli", "discover", "--simulate", "dgx-h100", "-o", "json",
+         "--node-name", node], capture_output=True, text=True, check=True, timeout=60).stdout)
+    peer_proc: subprocess.Popen[str] | None = None
+    kubelet: KubeletDRA | None = None
+    agent: AgentProcess | None = None
+    try:
+        with running("vsupstream-") as cluster:
+            cluster.apply_deploy("base")
+            cluster.create(_peer_class())
+            cluster.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                            "metadata": {"name": "default", "namespace": "default"}})
+            cluster.ensure_node(node)
+            kubeconfig = cluster.node_kubeconfig(node)
+            (root / "n").mkdir()
+            dirs = NodeDirs(root / "n")
+            registry = dirs.kubelet / "plugins_registry"
+
+            def slices_of(driver: str) -> int:
+                return sum(len(s["spec"].get("devices") or []) for s in cluster.slices(node)
+                           if s["spec"]["driver"] == driver)
+
+            expected = sum(len(s["spec"]["devices"])
+                           for s in json.loads(devices.read_text())["items"])
+            # Ours, then theirs: each timed from its own process start.
+            started = time.perf_counter()
+            agent = AgentProcess(dirs, str(kubeconfig), "--no-health", node=node)
+            facts["ours registration"] = (time.perf_counter() - started) + _registered(
+                registry / f"{DRIVER}-reg.sock", 30)
+            wait_for(lambda: slices_of(DRIVER) == expected, timeout=30, interval=0.01,
+                     what="the agent's slices")
+            facts["ours slices"] = time.perf_counter() - started
+            wait_settled(cluster, node, agent)
+
+            started = time.perf_counter()
+            peer_log = (root / "peer.log").open("w")
+            peer_proc = subprocess.Popen(
+                [str(bin_dir(MINOR) / "peer-driver"), f"--kubeconfig={kubeconfig}",
+                 f"--node-name={node}", f"--driver-name={PEER}", f"--kubelet-dir={dirs.kubelet}",
+                 f"--cdi-dir={root / 'peer-cdi'}", f"--devices={devices}",
+                 # The kubelet's limits, as kubelet-dra has (the agent's client has none): at
+                 # the example driver's defaults (5, 10) this would be a rate-limit figure.
+                 "--kube-api-qps=50", "--kube-api-burst=100"],
+                stdout=subprocess.DEVNULL, stderr=peer_log, text=True)
+            facts["theirs registration"] = (time.perf_counter() - started) + _registered(
+                registry / f"{PEER}-reg.sock", 30)
+            wait_for(lambda: slices_of(PEER) == expected, timeout=30, interval=0.01,
+                     what="the peer driver's slices")
+            facts["theirs slices"] = time.perf_counter() - started
+            time.sleep(3)  # both idle: nothing published, nothing called
+            facts["ours idle RSS"] = _rss_mib(agent.pid)
+            facts["theirs idle RSS"] = _rss_mib(peer_proc.pid)
+
+            before = revisions(cluster, node)
+            kubelet = KubeletDRA(MINOR, kubeconfig, node, dirs.kubelet)
+            real = kubelet
+            wait_for(lambda: all(real.registered(DRIVER, PEER).values()), timeout=30,
+                     what="the kubelet registers both drivers")
+            # The kubelet's start wipes the node's slices; both drivers publish them again.
+            wait_for(lambda: set(revisions(cluster, node)).isdisjoint(before)
+                     and slices_of(DRIVER) == expected and slices_of(PEER) == expected,
+                     timeout=60, what="slices restored after the kubelet's wipe")
+
+            pods: dict[tuple[str, str], list[dict[str, Any]]] = {}
+            for driver, cls in ((DRIVER, GPU_CLASS), (PEER, f"gpu.{PEER}")):
+                short = "ours" if driver == DRIVER else "theirs"
+                for size, count, n in (("1-device", 1, SMALL_PODS), ("8-device", 8, 1)):
+                    made = []
+                    for i in range(n):
+                        claim = cluster.create({
+                            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                            "metadata": {"name": f"{short}-{size}-{i}", "namespace": "default"},
+                            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                                "deviceClassName": cls, "count": count}}]}}})
+                        pod = pod_using(cluster, node, claim)
+                        made.append((claim, pod))
+                    pods[(short, size)] = [
+                        {"claim": c, "pod": p} for c, p in made]
+            calls: dict[str, Callable[[Mapping[str, Any]], str]] = {
+                "prepare": real.prepare, "unprepare": real.unprepare}
+            for size in ("1-device", "8-device"):
+                # One size at a time: the 8-GPU claims need every GPU, the small ones too.
+                ready: dict[str, list[dict[str, Any]]] = {}
+                for short in ("ours", "theirs"):
+                    ready[short] = []
+                    for entry in pods[(short, size)]:
+                        allocate(cluster, entry["claim"], node, pod=entry["pod"])
+                        ready[short].append(get_pod(cluster, entry["pod"]))
+                kubelet.active([p for ps in ready.values() for p in ps])
+                for r in range(rounds):
+                    order = ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")
+                    for i in range(len(ready["ours"])):
+                        for who in order:
+                            for op in ("prepare", "unprepare"):
+                                start = time.perf_counter()
+                                error = calls[op](ready[who][i])
+                                times.setdefault((who, size, op), []).append(
+                                    time.perf_counter() - start)
+                                if error:
+                                    raise RuntimeError(f"{who} {size} {op}: {error}")
+                for short in ("ours", "theirs"):  # free the GPUs for the next size
+                    for entry in pods[(short, size)]:
+                        meta = entry["claim"]["metadata"]
+                        cluster.admin.request(
+                            "DELETE", f"/apis/resource.k8s.io/v1/namespaces/default/"
+                            f"resourceclaims/{meta['name']}").raise_for_status()
+            facts["ours RSS after calls"] = _rss_mib(agent.pid)
+            facts["theirs RSS after calls"] = _rss_mib(peer_proc.pid)
+    finally:
+        if kubelet is not None:
+            kubelet.stop()
+        if peer_proc is not None:
+            peer_proc.terminate()
+            peer_proc.wait(10)
+        if agent is not None:
+            agent.terminate()
+        shutil.rmtree(root, ignore_errors=True)
+    return times, facts
+
+
+def run(quick: bool) -> list[Figure]:
+    from tests.realk8s.cluster import bin_dir
+
+    missing = [b for b in ("etcd", "kube-apiserver", "kubelet-dra", "allocate", "peer-driver")
+               if not (bin_dir(MINOR) / b).is_file()]
+    if missing:
+        print(f"# vs-upstream: skipped, hack/realk8s/bin/{MINOR} lacks {', '.join(missing)}: "
+              f"build it with hack/realk8s/build.sh {MINOR}")
+        return []
+    if os.environ.get("REALK8S_VERSION", MINOR) != MINOR:
+        print(f"# vs-upstream: runs against {MINOR} only (REALK8S_VERSION is ignored)")
+    os.environ["REALK8S_VERSION"] = MINOR
+    times, facts = _measure(3 if quick else 12)
+    figures: list[Figure] = []
+    for size in ("1-device", "8-device"):
+        for op in ("prepare", "unprepare"):
+            ours, theirs = times[("ours", size, op)], times[("theirs", size, op)]
+            for name, q in (("p50", 0.5), ("p99", 0.99)):
+                a, b = _pct(ours, q) * 1e3, _pct(theirs, q) * 1e3
+                goal = op == "prepare" and name == "p50"
+                figures += [
+                    Figure(f"vs-upstream {op} {size} {name}: ours", a, "ms"),
+                    Figure(f"vs-upstream {op} {size} {name}: Go helper", b, "ms"),
+                    Figure(f"vs-upstream {op} {size} {name}: ours / Go", a / b, "x",
+                           "<= 1.0x" if goal else None, a / b <= 1.0 if goal else None),
+                ]
+    for what in ("registration", "slices"):
+        a, b = facts[f"ours {what}"], facts[f"theirs {what}"]
+        start_goal = what == "registration"
+        figures += [
+            Figure(f"vs-upstream start -> {what}: ours", a, "s",
+                   "<= 0.4 s" if start_goal else None, a <= 0.4 if start_goal else None),
+            Figure(f"vs-upstream start -> {what}: Go helper", b, "s"),
+        ]
+    for what in ("idle RSS", "RSS after calls"):
+        a, b = facts[f"ours {what}"], facts[f"theirs {what}"]
+        idle = what == "idle RSS"
+        figures += [
+            Figure(f"vs-upstream {what}: ours", a, "MiB"),
+            Figure(f"vs-upstream {what}: Go helper", b, "MiB"),
+            Figure(f"vs-upstream {what}: ours / Go", a / b, "x",
+                   "<= 1.5x" if idle else None, a / b <= 1.5 if idle else None),
+        ]
+    figures.append(Figure("vs-upstream calls per row", len(times[("ours", "1-device",
+                                                                   "prepare")]), "calls"))
+    return figures
