@@ -42,14 +42,20 @@ class MetadataFileError(OSError):
         self.why = why
 
 
-def _why(err: OSError) -> str:
+def _why(path: Path, err: OSError, dir_fd: int | None = None) -> str:
+    """``path`` and what is wrong with it, as one phrase."""
+    if err.errno in (errno.ELOOP, errno.ENOTDIR) and dir_fd is not None:
+        # O_DIRECTORY|O_NOFOLLOW on a link to a directory says ENOTDIR: look at the entry.
+        with contextlib.suppress(OSError):
+            if stat.S_ISLNK(os.stat(path.name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                return f"{path} is a symbolic link (never followed)"
     if err.errno == errno.ELOOP:
-        return "is a symbolic link (never followed)"
+        return f"{path} is a symbolic link (never followed)"
     if err.errno == errno.ENOTDIR:
-        return "is not a directory"
+        return f"{path} is not a directory"
     if err.errno == errno.EISDIR:
-        return "is a directory, not a file"
-    return err.strerror or str(err)
+        return f"{path} is a directory, not a file"
+    return f"{path}: {err.strerror or err}"
 
 
 class HostMetadataFiles:
@@ -83,7 +89,7 @@ class HostMetadataFiles:
         try:
             fd = os.open(temp, flags, FILE_MODE, dir_fd=dir_fd)
         except OSError as err:
-            raise MetadataFileError(path, _why(err)) from err
+            raise MetadataFileError(path, _why(path.parent, err)) from err
         try:
             try:
                 os.fchmod(fd, FILE_MODE)
@@ -98,7 +104,7 @@ class HostMetadataFiles:
         except OSError as err:
             with contextlib.suppress(OSError):
                 os.unlink(temp, dir_fd=dir_fd)
-            raise MetadataFileError(path, _why(err)) from err
+            raise MetadataFileError(path, _why(path, err, dir_fd)) from err
 
     def _open_dirs(self, parts: Sequence[str], *, create: bool, target: Path) -> int:
         """A descriptor of ``root/parts...``, each directory opened without following links;
@@ -107,25 +113,30 @@ class HostMetadataFiles:
         try:
             fd = os.open(here, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as err:
-            raise MetadataFileError(here, _why(err)) from err
+            raise MetadataFileError(target, _why(here, err)) from err
         for part in (self.root.name, *parts):
             here = here / part
+            made = False
             try:
                 if create:
-                    with contextlib.suppress(FileExistsError):
+                    try:
                         os.mkdir(part, DIR_MODE, dir_fd=fd)
+                        made = True
+                    except FileExistsError:
+                        pass
                 child = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except OSError as err:
+                why = _why(here, err, fd)
                 os.close(fd)
-                raise MetadataFileError(target, f"{here} {_why(err)}") from err
+                raise MetadataFileError(target, why) from err
             os.close(fd)
             fd = child
-            if create:
+            if made:  # only ours: an existing directory keeps its mode
                 try:
                     os.fchmod(fd, DIR_MODE)
                 except OSError as err:
                     os.close(fd)
-                    raise MetadataFileError(target, f"{here}: {_why(err)}") from err
+                    raise MetadataFileError(target, _why(here, err)) from err
         return fd
 
     # -- read -----------------------------------------------------------------------------
@@ -190,12 +201,14 @@ class HostMetadataFiles:
                 for name in os.listdir(fd):
                     ours = name == HOST_FILE or (
                         name.startswith(_TEMP_PREFIX) and name.endswith(_TEMP_SUFFIX))
-                    if ours:
+                    # A directory under our name was never ours (we write files): it stays.
+                    if ours and not stat.S_ISDIR(
+                            os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(name, dir_fd=fd)
                 os.fsync(fd)
             except OSError as err:
-                raise MetadataFileError(path, f"cannot remove: {_why(err)}") from err
+                raise MetadataFileError(path, _why(path, err)) from err
             finally:
                 os.close(fd)
             self._rmdir((claim_dir,), request)
