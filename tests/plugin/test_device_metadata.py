@@ -433,3 +433,70 @@ def test_config_example_and_check_know_the_key(tmp_path: Path) -> None:
     checked = click.testing.CliRunner().invoke(group, ["check", str(bad)])
     assert checked.exit_code == 2 and "device-metadata" in checked.output
     assert "Traceback" not in checked.output
+
+
+# -- a real kill -9 between the files and the durable record ---------------------------------
+
+CHILD = """
+import json, os, sys
+from pathlib import Path
+from agent.checkpoint.store import CheckpointStore
+from agent.claim.model import parse_claim
+from agent.common.failpoints import Failpoints
+from agent.prepare import CDIClaimSpecs, DevicePreparer, EnvOnlyEdits
+from agent.prepare.claimmetadata import ClaimMetadata
+from agent.prepare.metadatafiles import HostMetadataFiles
+from discovery.model import Inventory
+from tests.plugin.conftest import DRIVER, NODE, gpu
+
+root = Path(sys.argv[1])
+preparer = DevicePreparer(
+    driver=DRIVER, pool=NODE, node_name=NODE,
+    checkpoint=CheckpointStore(root / "checkpoint.json"),
+    specs=CDIClaimSpecs(root / "cdi", DRIVER, EnvOnlyEdits()),
+    inventory=lambda: Inventory(devices=(gpu(0),)), boot_id="boot-1",
+    failpoints=Failpoints.from_env(os.environ),
+    metadata=ClaimMetadata(DRIVER, HostMetadataFiles(root / "dra-device-metadata"), True),
+)
+preparer.prepare(parse_claim(json.loads((root / "claim.json").read_text())))
+print("survived")
+"""
+
+
+def test_kill_9_after_the_files_leaves_nothing_once_restarted(tmp_path: Path) -> None:
+    import signal
+    import sys
+
+    from agent.checkpoint.store import CheckpointStore
+    from agent.claim.model import parse_claim
+    from agent.common.failpoints import ENV
+    from agent.prepare import CDIClaimSpecs, DevicePreparer, EnvOnlyEdits, recover
+    from agent.prepare.claimmetadata import ClaimMetadata
+    from agent.prepare.metadatafiles import HostMetadataFiles
+    from discovery.model import Inventory
+    from tests.plugin.conftest import NODE
+
+    claim = make_claim("c1", ["gpu-0"])
+    (tmp_path / "claim.json").write_text(json.dumps(claim))
+    env = {**os.environ, "PYTHONPATH": str(REPO), ENV: "prepare-after-spec-written=kill"}
+    child = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    path = tmp_path / "dra-device-metadata" / "default_c1" / "req" / "metadata.json"
+    assert path.is_file()  # written, and the spec; PrepareStarted was never made durable
+
+    def preparer() -> DevicePreparer:
+        return DevicePreparer(
+            driver=DRIVER, pool=NODE, node_name=NODE,
+            checkpoint=CheckpointStore(tmp_path / "checkpoint.json"),
+            specs=CDIClaimSpecs(tmp_path / "cdi", DRIVER, EnvOnlyEdits()),
+            inventory=lambda: Inventory(devices=(gpu(0),)), boot_id="boot-1",
+            metadata=ClaimMetadata(DRIVER, HostMetadataFiles(path.parents[2]), True),
+        )
+
+    restarted = preparer()
+    report = recover(restarted)
+    assert report.metadata_removed == ("default_c1/req",)
+    assert not path.parent.parent.exists()
+    record = restarted.prepare(parse_claim(claim))  # the kubelet's retry
+    assert record.completed and path.is_file()
