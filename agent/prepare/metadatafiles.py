@@ -206,7 +206,8 @@ class HostMetadataFiles:
                             os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(name, dir_fd=fd)
-                os.fsync(fd)
+                # No fsync: a removal lost in a crash brings back a file no record lists,
+                # which the next start-up removes (``ClaimMetadata.sweep``).
             except OSError as err:
                 raise MetadataFileError(path, _why(path, err)) from err
             finally:
