@@ -8,7 +8,9 @@ The files follow the claim's CDI spec step by step (``DevicePreparer``):
   removes them with the spec;
 * **a repeated prepare, a reboot** (new boot ID) **or a lost file** rewrites both, from the
   record and the current inventory, exactly as the spec alone was before;
-* **unprepare** removes the files the record lists (missing ones are fine);
+* **unprepare** removes the files the record lists (missing ones are fine), or, when the
+  record lists none (adopted from a spec after a corrupt checkpoint), those under the claim
+  name the kubelet sends, as the helper does;
 * **start-up** removes files no record explains (a crash between writing them and the
   durable PrepareCompleted record), unless the checkpoint was corrupt: then, like spec files,
   they are the best evidence there is and stay until a record explains them or a clean start.
@@ -25,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agent.checkpoint.model import ClaimRecord, MetadataRecord
-from agent.claim.model import AllocatedDevice, Claim, ClaimRef
+from agent.claim.model import AllocatedDevice, Claim, ClaimRef, name_problem
 from agent.prepare.devices import SpecDevice
 from agent.prepare.errors import DeviceMetadataError
 from agent.prepare.metadata import MetadataFile, claim_dir, host_path, names_problem, plan
@@ -110,6 +112,23 @@ class ClaimMetadata:
             raise DeviceMetadataError(
                 f"{record.namespace}/{record.name} ({record.uid})",
                 f"cannot remove device metadata {err.path}: {err.why}") from err
+
+    def remove_unrecorded(self, ref: ClaimRef, claims: Mapping[str, ClaimRecord]) -> None:
+        """Remove every file under the claim's name, as the helper's clean-up does, unless
+        another record has files there (a claim of the same name, prepared: ``check_unshared``
+        kept the two apart). A name no claim can have is no path of ours: nothing happens."""
+        if self.files is None or name_problem(ref.namespace, ref.name) is not None:
+            return
+        for other in claims.values():
+            if other.uid != ref.uid and other.metadata is not None and (
+                    other.namespace, other.name) == (ref.namespace, ref.name):
+                return
+        name = claim_dir(self.files.root, ref.namespace, ref.name).name
+        try:
+            self.files.remove(name, self.files.requests(name))
+        except MetadataFileError as err:
+            raise DeviceMetadataError(
+                str(ref), f"cannot remove device metadata {err.path}: {err.why}") from err
 
     def sweep(self, records: Mapping[str, ClaimRecord]) -> tuple[str, ...]:
         """Remove files that no record lists; their ``<namespace>_<name>/<request>`` dirs.

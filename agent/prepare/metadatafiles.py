@@ -169,6 +169,10 @@ class HostMetadataFiles:
                     found.add((namespace, name, request))
         return found
 
+    def requests(self, claim_dir: str) -> list[str]:
+        """The request directories in ``root/claim_dir`` whose names could be ours."""
+        return [r for r in self._list((claim_dir,)) if dns_label_problem(r) is None]
+
     def _list(self, parts: Sequence[str]) -> Iterator[str]:
         """Subdirectories of ``root/parts`` (not links); nothing when it is not a directory."""
         try:

@@ -346,21 +346,26 @@ class DevicePreparer:
 
     # -- unprepare ------------------------------------------------------------------------
 
-    def unprepare(self, uid: str) -> None:
+    def unprepare(self, uid: str, ref: ClaimRef | None = None) -> None:
         """Undo a prepare. Unknown claims succeed: the spec name derives from the UID alone.
 
         The kubelet also unprepares claims whose prepare failed, and an error keeps their pod
         terminating for ever. A UID that prepare refuses (``uid_problem``) never got a spec, so
         no path is built from it: only a checkpoint record of that key, if any, goes.
+        Metadata files go by the record's names; with none recorded (a record adopted from a
+        spec after a corrupt checkpoint, or none at all), by the kubelet's ``ref``.
         """
         hit(self.failpoints, Point.UNPREPARE_AFTER_STARTED, uid)
-        record = self.checkpoint.claims().get(uid)
+        claims = self.checkpoint.claims()
+        record = claims.get(uid)
         if uid_problem(uid) is None:
             self.specs.remove(uid)
         elif record is None:
             return
-        if record is not None:
-            self.metadata.remove(record)  # the record's names only: no path from the request
+        if record is not None and record.metadata is not None:
+            self.metadata.remove(record)
+        elif ref is not None and ref.uid == uid:
+            self.metadata.remove_unrecorded(ref, claims)
         hit(self.failpoints, Point.UNPREPARE_AFTER_SPEC_REMOVED, uid)
         self.checkpoint.update(lambda claims: claims.pop(uid, None))
         hit(self.failpoints, Point.UNPREPARE_AFTER_COMPLETED, uid)

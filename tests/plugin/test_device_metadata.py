@@ -288,6 +288,21 @@ def test_old_checkpoint_without_the_field_loads_and_stays_without_files(rich: No
     assert rich.unprepare(claim)[uid].ok
 
 
+def test_after_a_corrupt_checkpoint_unprepare_still_removes_the_files(rich: Node) -> None:
+    claim = rich.book.put(make_claim("c1", ["gpu-0"]))
+    uid = uid_of(claim)
+    assert rich.prepare(claim)[uid].ok
+    rich.server.stop(0)
+    rich.checkpoint.write_bytes(b'{"claims": {"trunc')  # nothing salvaged
+    rich.restart()
+    # Start-up kept the file (the evidence, like the spec it adopted) ...
+    record = decode(rich.checkpoint.read_bytes()).claims[uid]
+    assert record.recovered and record.metadata is None and meta_file(rich, "c1").exists()
+    # ... and the kubelet's unprepare, which names the claim, removes it.
+    assert rich.unprepare(claim)[uid].ok
+    assert not (meta_root(rich) / "default_c1").exists()
+
+
 def test_interrupted_prepare_and_orphans_are_cleaned_at_start(rich: Node) -> None:
     claim = rich.book.put(make_claim("c1", ["gpu-0"]))
     uid = uid_of(claim)

@@ -260,6 +260,9 @@ def test_a_recreated_claim_waits_until_the_old_one_is_unprepared(node: Node) -> 
     assert f"still held by claim default/same ({uid_of(old)})" in error
     assert meta_file(node, "same").read_bytes() == before  # the old pod's file is intact
     assert_nothing_left(node, new)
+    # The kubelet unprepares the failed claim too: the old claim's file stays.
+    assert node.unprepare(new)[uid_of(new)].ok
+    assert meta_file(node, "same").read_bytes() == before
     assert node.unprepare(old)[uid_of(old)].ok
     assert node.prepare(new)[uid_of(new)].ok
     assert json.loads(meta_file(node, "same").read_text())["metadata"]["uid"] == uid_of(new)
