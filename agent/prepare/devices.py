@@ -1,4 +1,5 @@
-"""One device of a claim as the preparation sees it, and the NIC rules that apply per device.
+"""One device of a claim as the preparation sees it: its env, its identity in the record, and
+the NIC rules that apply per device.
 
 A NIC's host interface moves into the pod only when the claim's opaque config asks for it
 (``netdev.move``); then the device must have an interface, and no two moved interfaces of one
