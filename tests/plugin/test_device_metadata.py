@@ -133,6 +133,19 @@ def test_gpu_claim_gets_the_exact_upstream_file_and_a_read_only_bind_mount(rich:
     assert doc["requests"][0]["devices"][0]["attributes"] == rich_gpu(1).to_api()["attributes"]
 
 
+def test_under_the_agents_umask_077_the_file_is_still_world_readable(rich: Node) -> None:
+    claim = rich.book.put(make_claim("c1", ["gpu-0"]))
+    before = os.umask(0o077)  # what `dra-agent run` sets for everything else it creates
+    try:
+        assert rich.prepare(claim)[uid_of(claim)].ok
+    finally:
+        os.umask(before)
+    path = meta_file(rich, "c1")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert [stat.S_IMODE(d.stat().st_mode) for d in (path.parent, path.parent.parent,
+                                                     meta_root(rich))] == [0o755] * 3
+
+
 def test_nic_claim_file_has_the_network_data_of_its_claim_status(rich: Node) -> None:
     moved = [{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
         "apiVersion": "dra-agent.io/v1alpha1", "kind": "DeviceConfig",
