@@ -58,6 +58,8 @@ class RunOptions:
     health: HealthOptions | None = field(default_factory=HealthOptions)
     #: Device metadata files for workloads (``agent.prepare.metadata``).
     device_metadata: bool = True
+    #: Start even where a device plugin advertises what our DeviceClasses map to our devices.
+    allow_device_plugin_overlap: bool = False
 
 
 class NoAPIClaimSource:
@@ -112,6 +114,7 @@ class Daemon:
         self.environ = dict(os.environ if environ is None else environ)
         self.stop_event = threading.Event()
         self._fatal: str | None = None
+        self._stop_reason: str | None = None
         self._inventory_lock = threading.Lock()
         self._inventory = Inventory(devices=())
         self._threads: dict[str, threading.Thread] = {}
@@ -221,12 +224,14 @@ class Daemon:
         })
         with self._inventory_lock:
             self._inventory = inventory
+        self._check_device_plugins(api_client, inventory)
 
         self.health = self._start_health(sources)
         self.controller = slices.start(
             api_client, cfg.driver_name, slices.Owner(kind="Node", name=cfg.node_name), None,
             metrics=self.metrics, resync_period_s=self.options.resync_period_s,
             stop_event=self.stop_event, on_error=self._background_error,
+            list_attributes={"list": True, "scalar": False}.get(cfg.numa_node_attribute),
         )
         self._publish(inventory)
         self._start_plugin(api_client)
@@ -256,6 +261,38 @@ class Daemon:
         self._said_ready = True
         log.info("agent ready", extra={"node": self.cfg.node_name, "driver": self.cfg.driver_name,
                                        "devices": len(self.inventory.devices)})
+
+    def _check_device_plugins(self, api_client: Any, inventory: Inventory) -> None:
+        """Refuse to start where a device plugin already serves what our classes offer as an
+        extended resource (agent/deviceplugins.py says why); before anything is published."""
+        from agent import deviceplugins as dp
+
+        if self.options.allow_device_plugin_overlap:
+            return
+        advertised = dp.advertised_in_checkpoint(self.cfg.kubelet_dir)
+        classes: list[Mapping[str, Any]] | None = None
+        if api_client is not None:
+            from_node, classes = dp.cluster_facts(api_client, self.cfg.node_name, _shipped)
+            advertised = {**advertised, **from_node}
+        if not advertised:
+            return
+        if classes is None:
+            classes = _shipped()
+        if not dp.mapped_classes(classes).keys() & advertised.keys():
+            return
+        from agent.slices import Owner
+        from agent.slices.render import render_slices
+        from discovery.pools import build_resources
+
+        slices = render_slices(self.cfg.driver_name, Owner(name=self.cfg.node_name),
+                               build_resources(inventory, self.cfg.node_name))
+        overlaps = dp.find_overlaps(classes, advertised,
+                                    dp.class_selects(slices, self.cfg.node_name))
+        for overlap in overlaps[1:]:
+            log.error("device-plugin overlap", extra={"resource": overlap.resource,
+                                                      "device_class": overlap.device_class})
+        if overlaps:
+            raise DaemonError(overlaps[0].message())
 
     def _start_health(self, sources: Any) -> Any:
         from agent.health import HealthMonitor
@@ -391,10 +428,21 @@ class Daemon:
         log.warning("resourceslice publishing", extra={"error": str(err)})
 
     def request_stop(self, reason: str) -> None:
-        if not self.stop_event.is_set():
-            log.info("stopping", extra={"reason": reason})
-            self.notifier.stopping(f"stopping: {reason}")
+        """Ask ``run()`` to stop; the first reason is the one reported.
+
+        Safe in a signal handler: it only records and sets an event. The handler runs in the
+        main thread, which may be inside the notifier's lock (sending READY=1, say) when the
+        signal lands; notifying from here took that lock again and hung the agent for good.
+        The run loop logs and notifies once it sees the event.
+        """
+        if self._stop_reason is None:
+            self._stop_reason = reason
         self.stop_event.set()
+
+    def _announce_stop(self) -> None:
+        reason = self._stop_reason or "shutdown"
+        log.info("stopping", extra={"reason": reason})
+        self.notifier.stopping(f"stopping: {reason}")
 
     def run(self) -> int:
         """Start, then wait for a stop request or a dead background thread; return exit code."""
@@ -412,6 +460,7 @@ class Daemon:
                     self._fatal = why
                     log.error("fatal: a background thread died", extra={"cause": why})
                     self.request_stop(why)
+            self._announce_stop()
         finally:
             self.shutdown()
         return 1 if self._fatal else 0
@@ -441,3 +490,10 @@ class Daemon:
             except Exception:
                 log.exception("cleanup failed")
         self.notifier.close()
+
+
+def _shipped() -> list[Mapping[str, Any]]:
+    """The DeviceClasses in the package (deploy/base's), as plain dicts."""
+    from agent.explain.docs import packaged_classes
+
+    return [doc.obj for doc in packaged_classes()]

@@ -15,6 +15,7 @@ log = logging.getLogger("discovery.attrs")
 
 MAX_ATTRIBUTES = 32  # attributes + capacities per device, including "type"
 MAX_STRING = 64
+MAX_VALUES = 48  # attribute values per device, each list item counted ("type" included)
 
 #: PCI vendor id -> the ``vendor`` value we publish.
 VENDORS = {
@@ -53,8 +54,8 @@ def pci_attributes(
     out: dict[str, AttributeValue] = {PCI_BUS_ID: fn.bdf}
     if fn.pcie_root:
         out[PCIE_ROOT] = fn.pcie_root
-    if fn.numa_node is not None:
-        out[NUMA_NODE] = fn.numa_node
+    if fn.numa_nodes:
+        out[NUMA_NODE] = fn.numa_nodes  # list form; the scalar is its first element
     switch = switch_of(fn, below)
     if switch:
         out["pcieSwitch"] = switch
@@ -93,7 +94,8 @@ def semver(text: str) -> str | None:
 
 
 def fit_limits(device: Device) -> Device:
-    """Make a device valid for the API: strings cut to 64 chars, at most 32 entries.
+    """Make a device valid for the API: strings cut to 64 chars, at most 32 entries and 48
+    values.
 
     Both cases are logged with the device name; they mean a source returned something odd.
     """
@@ -117,6 +119,18 @@ def fit_limits(device: Device) -> Device:
         del attrs[key]
         log.warning("attribute dropped to stay within 32 per device",
                     extra={"device": device.name, "attribute": key})
+    # A list (numaNode's) counts each item: shortened from its end, its first item (the
+    # scalar meaning) always kept. Only a machine of many equidistant nodes gets here.
+    over = 1 + sum(len(v) if isinstance(v, tuple) else 1 for v in attrs.values()) - MAX_VALUES
+    for key, value in sorted(attrs.items()):
+        if over <= 0:
+            break
+        if isinstance(value, tuple) and len(value) > 1:
+            keep = max(1, len(value) - over)
+            over -= len(value) - keep
+            attrs[key] = value[:keep]
+            log.warning("attribute list shortened to stay within 48 values per device",
+                        extra={"device": device.name, "attribute": key, "kept": keep})
     if attrs == dict(device.attributes):
         return device
     return Device(device.name, device.type, attrs, device.capacity, device.host, device.taints)

@@ -13,7 +13,7 @@ Two layers live here:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -40,7 +40,10 @@ class Version:
     value: str
 
 
-AttributeValue = bool | int | str | Version
+#: A tuple is an int list (``{"ints": [...]}``, Kubernetes 1.37's DRAListTypeAttributes). Its
+#: first element is what the attribute says as a scalar where the server takes no lists
+#: (numaNode: the physical node), so every list attribute has a scalar form.
+AttributeValue = bool | int | str | Version | tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +98,12 @@ class Device:
     host: HostInfo = field(default_factory=HostInfo)
     taints: tuple[Taint, ...] = ()
 
-    def to_api(self) -> dict[str, Any]:
-        """The resource.k8s.io/v1 ``Device`` dict, with keys in a deterministic order."""
+    def to_api(self, list_attributes: bool = False) -> dict[str, Any]:
+        """The resource.k8s.io/v1 ``Device`` dict, with keys in a deterministic order; list
+        values in their scalar form unless the server takes ``list_attributes``."""
         attrs: dict[str, Any] = {"type": {"string": str(self.type)}}
         for key in sorted(self.attributes):
-            attrs[key] = attribute_to_api(self.attributes[key])
+            attrs[key] = attribute_to_api(self.attributes[key], list_attributes)
         out: dict[str, Any] = {"name": self.name, "attributes": dict(sorted(attrs.items()))}
         if self.capacity:
             out["capacity"] = {k: {"value": self.capacity[k]} for k in sorted(self.capacity)}
@@ -108,8 +112,10 @@ class Device:
         return out
 
 
-def attribute_to_api(value: AttributeValue) -> dict[str, Any]:
-    """Encode one attribute value as the API's one-of (bool/int/string/version)."""
+def attribute_to_api(value: AttributeValue, list_attributes: bool = False) -> dict[str, Any]:
+    """Encode one attribute value as the API's one-of (bool/int/string/version, or ints)."""
+    if isinstance(value, tuple):
+        return {"ints": list(value)} if list_attributes else {"int": value[0]}
     if isinstance(value, Version):
         return {"version": value.value}
     if isinstance(value, bool):  # before int: bool is an int subclass
@@ -145,9 +151,21 @@ class Pool:
 
 @dataclass(frozen=True, slots=True)
 class DriverResources:
-    """Everything the driver wants published: pool name -> pool."""
+    """Everything the driver wants published: pool name -> pool.
+
+    ``list_pools`` are the same pools with list-valued attributes in list form (and sliced
+    for that form's limits), published instead of ``pools`` where the API server takes
+    list attributes; None when the driver has no list attribute to offer.
+    """
 
     pools: Mapping[str, Pool]
+    list_pools: Mapping[str, Pool] | None = None
+
+    def in_form(self, list_attributes: bool) -> DriverResources:
+        """The resources to publish to a server that does (or does not) take lists."""
+        if list_attributes and self.list_pools is not None:
+            return DriverResources(self.list_pools)
+        return DriverResources(self.pools)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,3 +180,16 @@ class Inventory:
 
     def by_name(self) -> dict[str, Device]:
         return {d.name: d for d in self.devices}
+
+    def in_form(self, list_attributes: bool) -> Inventory:
+        """This inventory as a server without list attributes sees it (list values replaced
+        by their scalar form), or unchanged when lists are taken."""
+        if list_attributes:
+            return self
+        devices = tuple(
+            replace(d, attributes={k: v[0] if isinstance(v, tuple) else v
+                                   for k, v in d.attributes.items()})
+            if any(isinstance(v, tuple) for v in d.attributes.values()) else d
+            for d in self.devices
+        )
+        return replace(self, devices=devices)

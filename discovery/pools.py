@@ -2,7 +2,8 @@
 
 One pool per node, named after the node. Devices are ordered deterministically (natural
 order of names: gpu-2 before gpu-10) and split into slices that respect the API limits: at
-most 128 devices per slice, 64 when any device in that slice has taints or consumes counters.
+most 128 devices per slice, 64 when any device in that slice has taints, consumes counters
+or has a list attribute.
 A pure function: the same inventory always gives equal resources, so the controller can
 compare and skip writes.
 """
@@ -16,10 +17,15 @@ from discovery.model import Device, DriverResources, Inventory, Pool, Slice
 from discovery.names import natural_key
 
 MAX_DEVICES = 128
-MAX_DEVICES_RESTRICTED = 64  # with taints or consumesCounters (resource.k8s.io 1.35+)
+MAX_DEVICES_RESTRICTED = 64  # with taints, consumesCounters or list attributes (1.35+)
+_LIST_KINDS = ("ints", "bools", "strings", "versions")
+
 
 def _restricted(device: Mapping[str, Any]) -> bool:
-    return bool(device.get("taints") or device.get("consumesCounters"))
+    attrs = device.get("attributes") or {}
+    has_list = any(isinstance(a, Mapping) and any(k in a for k in _LIST_KINDS)
+                   for a in attrs.values())
+    return bool(device.get("taints") or device.get("consumesCounters") or has_list)
 
 
 def split_devices(devices: Iterable[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
@@ -51,7 +57,16 @@ def build_resources(inventory: Inventory, pool_name: str) -> DriverResources:
     An empty inventory still yields the pool with one empty slice, so the controller
     publishes "this node has nothing" instead of leaving stale slices behind.
     """
-    api_devices = [d.to_api() for d in ordered(inventory.devices)]
+    devices = ordered(inventory.devices)
+    pools = {pool_name: _pool([d.to_api() for d in devices])}
+    # Both forms are built here, each sliced for its own limits (64 devices per slice with
+    # list attributes): the controller learns only at run time which one the server takes.
+    if not any(isinstance(v, tuple) for d in devices for v in d.attributes.values()):
+        return DriverResources(pools=pools)
+    lists = {pool_name: _pool([d.to_api(list_attributes=True) for d in devices])}
+    return DriverResources(pools=pools, list_pools=lists)
+
+
+def _pool(api_devices: list[dict[str, Any]]) -> Pool:
     chunks = split_devices(api_devices) or [[]]
-    slices = tuple(Slice(devices=tuple(chunk)) for chunk in chunks)
-    return DriverResources(pools={pool_name: Pool(slices=slices)})
+    return Pool(slices=tuple(Slice(devices=tuple(chunk)) for chunk in chunks))

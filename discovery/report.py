@@ -20,6 +20,8 @@ def _attr(device: Device, key: str) -> str:
     value = device.attributes.get(key)
     if value is None:
         return "-"
+    if isinstance(value, tuple):  # an int list (numaNode's list form)
+        return ",".join(str(v) for v in value)
     return str(getattr(value, "value", value))
 
 
@@ -100,6 +102,7 @@ def topology(inventory: Inventory, node_name: str) -> str:
         lambda: defaultdict(lambda: defaultdict(list)))
     for device in inventory.devices:
         numa = device.attributes.get(NUMA_NODE)
+        numa = numa[0] if isinstance(numa, tuple) else numa  # grouped by the physical node
         numa_label = f"NUMA {numa}" if numa is not None else "NUMA unknown"
         root = _attr(device, PCIE_ROOT)
         root_label = root if root != "-" else "no PCI root"

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from discovery.numa import NumaReader, valid_node
+
 log = logging.getLogger("discovery.sysfs")
 
 BDF_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -52,6 +54,9 @@ class PciFunction:
     rdma_devices: tuple[str, ...] = ()
     uverbs: tuple[str, ...] = ()  # uverbsN char devices of the RDMA device(s)
     drm_nodes: tuple[str, ...] = ()  # cardN / renderDN
+    #: numa_node first, then its equidistant same-socket nodes (discovery/numa.py); empty
+    #: when numa_node is None.
+    numa_nodes: tuple[int, ...] = ()
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -142,7 +147,7 @@ class Sysfs:
                 raise DeviceVanishedError(bdf, Path(link)) from err
         return os.path.normpath(os.path.join(os.path.dirname(link), target))
 
-    def read_function(self, bdf: str) -> PciFunction:
+    def read_function(self, bdf: str, numa: NumaReader | None = None) -> PciFunction:
         """Everything we use about one function; raises DeviceVanishedError if it went away.
 
         Only network and display functions are read in full; bridges and other functions
@@ -162,7 +167,8 @@ class Sysfs:
         if light:
             return PciFunction(bdf, Path(real), chain, root, None, None, pci_class, None, None,
                                None, None, None, None)
-        numa = read_int(j(real, "numa_node"))
+        node = valid_node(read_int(j(real, "numa_node")), j(real, "numa_node"))
+        reader = numa if numa is not None else NumaReader(self.root)
         physfn = _link_name(j(real, "physfn"))
         return PciFunction(
             bdf=bdf,
@@ -172,7 +178,7 @@ class Sysfs:
             pci_class=pci_class,
             vendor=read_int(j(real, "vendor"), 16),
             device=read_int(j(real, "device"), 16),
-            numa_node=numa if numa is not None and numa >= 0 else None,
+            numa_node=node,
             driver=_link_name(j(real, "driver")),
             iommu_group=_link_name(j(real, "iommu_group")),
             sriov_total_vfs=read_int(j(real, "sriov_totalvfs")),
@@ -182,14 +188,16 @@ class Sysfs:
             rdma_devices=tuple(_list(j(real, "infiniband"))),
             uverbs=tuple(_list(j(real, "infiniband_verbs"))),
             drm_nodes=tuple(n for n in _list(j(real, "drm")) if n.startswith(("card", "renderD"))),
+            numa_nodes=reader.nodes_for(node) if node is not None else (),
         )
 
     def scan(self) -> dict[str, PciFunction]:
         """All PCI functions by BDF; vanished or unreadable ones are logged and left out."""
         out: dict[str, PciFunction] = {}
+        numa = NumaReader(self.root)  # one per scan: each node's files read once
         for bdf in self.pci_addresses():
             try:
-                out[bdf] = self.read_function(bdf)
+                out[bdf] = self.read_function(bdf, numa)
             except DeviceVanishedError as err:
                 log.info("skipping PCI device", extra={"pci": bdf, "file": str(err.path)})
         return out

@@ -72,7 +72,7 @@ def discover_for_command(cfg: Config) -> Inventory:
               default="table", show_default=True)
 @click.option("--topology", is_flag=True, help="Show a NUMA -> PCIe root -> switch tree.")
 @shared_options("driver_name", "node_name", "sysfs_root", "simulate", "device_types",
-                "config_file", "log_format", "verbosity")
+                "numa_node_attribute", "config_file", "log_format", "verbosity")
 def command(output: str, topology: bool, **kwargs: Any) -> None:
     """Show the devices this node would publish (nothing is published)."""
     from agent.common.logs import setup_logging
@@ -87,11 +87,12 @@ def command(output: str, topology: bool, **kwargs: Any) -> None:
                                f"-o {output}")
     cfg = pop_config(kwargs)
     setup_logging(cfg.log_format, cfg.verbosity)
-    inventory = discover_for_command(cfg)
+    # No API server to ask: the scalar, which every server takes, unless told otherwise.
+    inventory = discover_for_command(cfg).in_form(cfg.numa_node_attribute == "list")
     if topology:
         click.echo(topology_view(inventory, cfg.node_name))
     elif output in ("json", "yaml"):
-        resources = build_resources(inventory, cfg.node_name)
+        resources = build_resources(inventory, cfg.node_name).in_form(True)  # form chosen above
         listing = {"apiVersion": "v1", "kind": "List",
                    "items": slice_objects(resources, cfg.driver_name, cfg.node_name)}
         if output == "json":

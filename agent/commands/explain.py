@@ -7,25 +7,20 @@ Exit 0 fits, 1 does not fit, 2 bad input (one line, pointing at the file and lin
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from agent.common.config import pop_config, shared_options
 from agent.explain.features import DEFAULTS, MODELLED_KUBERNETES
 
-if TYPE_CHECKING:
-    from agent.explain import docs
-
-#: Package data of ``agent``: the DeviceClasses used when no --class is given.
-PACKAGED_CLASSES = "deviceclasses.yaml"
-
 
 @click.command()
 @click.option("-f", "--filename", "claim_files", required=True, multiple=True,
               type=click.Path(dir_okay=False),
               help="ResourceClaim (or ResourceClaimTemplate) YAML/JSON; '-' for stdin. Several "
-                   "(or a file of several): one pod's claims, allocated together.")
+                   "(or a file of several): one pod's claims, allocated together. A Pod: "
+                   "its claims, from the other files or the cluster.")
 @click.option("--class", "class_files", multiple=True, type=click.Path(dir_okay=False),
               help="DeviceClass file(s); several classes per file are fine "
                    "[default: the agent's own classes, as deploy/base installs them; the "
@@ -47,7 +42,7 @@ PACKAGED_CLASSES = "deviceclasses.yaml"
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
               show_default=True)
 @shared_options("driver_name", "node_name", "kubeconfig", "sysfs_root", "simulate",
-                "device_types", "config_file", "verbosity")
+                "device_types", "numa_node_attribute", "config_file", "verbosity")
 def command(*, claim_files: tuple[str, ...], class_files: tuple[str, ...], slices_from: str,
             allocated_files: tuple[str, ...], feature_gates: str, kubernetes_version: str,
             node_labels: str, output: str, **kwargs: Any) -> None:
@@ -125,10 +120,17 @@ def _run(cfg: Any, *, claim_files: tuple[str, ...], class_files: tuple[str, ...]
     classes: list[Doc | dict[str, Any]] = [d for f in class_files for d in load_file(f)]
     allocated: list[Doc | dict[str, Any]] = [d for f in allocated_files for d in load_file(f)]
     slices: list[Doc | dict[str, Any]]
+    cluster = None
     if slices_from == "from-cluster":
         from agent.explain.sources import Cluster
 
         cluster = Cluster(cfg)
+    to_explain: list[Any] = list(claims)
+    if any(d.obj.get("kind") == "Pod" for d in claims):
+        from agent.explain.pods import claims_of_pod
+
+        to_explain = claims_of_pod(claims, cluster.get if cluster is not None else None)
+    if cluster is not None:
         slices = list(cluster.slices())
         if not class_files:
             classes = list(cluster.classes())
@@ -139,14 +141,19 @@ def _run(cfg: Any, *, claim_files: tuple[str, ...], class_files: tuple[str, ...]
     elif slices_from == "from-discovery":
         from agent.explain.sources import slices_from_discovery
 
-        slices = list(slices_from_discovery(cfg))
+        # auto: the form this node's agent would publish to a cluster with these gates.
+        lists = {"list": True, "scalar": False}.get(cfg.numa_node_attribute,
+                                                    features.list_type_attributes)
+        slices = list(slices_from_discovery(cfg, lists))
     else:
         slices = list(load_file(slices_from))
     if not class_files and slices_from != "from-cluster":
+        from agent.explain.docs import packaged_classes
+
         classes = list(packaged_classes())
     from agent.explain.api import explain_pod
 
-    pod = explain_pod(claims, classes, slices, cfg.node_name, allocated,
+    pod = explain_pod(to_explain, classes, slices, cfg.node_name, allocated,
                       node_labels=_with_hostname(labels, cfg.node_name),
                       feature_gates=features, kubernetes_version=kubernetes_version)
     if len(pod.claims) == 1:  # one claim: its own report, as ever
@@ -158,17 +165,6 @@ def _run(cfg: Any, *, claim_files: tuple[str, ...], class_files: tuple[str, ...]
             to_yaml(pod) if output == "yaml" else to_table_pod(pod))
     click.echo(text)
     raise SystemExit(0 if pod.fits else 1)
-
-
-def packaged_classes() -> list[docs.Doc]:
-    """The DeviceClasses the agent ships (a copy of deploy/base/deviceclasses.yaml), so that
-    an install without the repository explains claims against our classes out of the box."""
-    from importlib.resources import files
-
-    from agent.explain.docs import load_text
-
-    return load_text(files("agent").joinpath(PACKAGED_CLASSES).read_text("utf-8"),
-                     f"<packaged {PACKAGED_CLASSES}>")
 
 
 def _with_hostname(labels: dict[str, str], node: str) -> dict[str, str]:

@@ -84,6 +84,11 @@ def _health_options(kwargs: dict[str, Any]) -> HealthOptions | None:
 @click.option("--node-address", "node_addresses", multiple=True,
               envvar="DRA_AGENT_NODE_ADDRESS", show_envvar=True,
               help="A node address whose NIC is never offered (repeatable).")
+@click.option("--allow-device-plugin-overlap/--no-allow-device-plugin-overlap", default=False,
+              show_default=True, envvar="DRA_AGENT_ALLOW_DEVICE_PLUGIN_OVERLAP",
+              show_envvar=True,
+              help="Start even where a device plugin advertises an extended resource that one "
+                   "of our DeviceClasses maps to this node's devices (both would hand them out).")
 @common_options
 def command(**kwargs: Any) -> None:
     """Run the agent: discover, publish ResourceSlices, serve the kubelet."""
@@ -106,6 +111,7 @@ def command(**kwargs: Any) -> None:
         host_driver_root=Path(kwargs["host_driver_root"]),
         boot_id_path=Path(kwargs["boot_id_file"]), health=health,
         device_metadata=kwargs["device_metadata"],
+        allow_device_plugin_overlap=kwargs["allow_device_plugin_overlap"],
     ))
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

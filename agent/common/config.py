@@ -19,6 +19,7 @@ import click
 ENV_PREFIX = "DRA_AGENT_"
 DEFAULT_DRIVER = "dra-agent.io"
 ALL_DEVICE_TYPES = ("gpu", "mig", "nic", "vf")
+NUMA_NODE_FORMS = ("auto", "list", "scalar")  # agent/slices/listattrs.py: what each means
 
 
 class ConfigError(click.UsageError):
@@ -39,6 +40,8 @@ class Config:
     log_format: str = "logfmt"
     verbosity: int = 0
     device_types: tuple[str, ...] = ALL_DEVICE_TYPES
+    #: numaNode as an int list (1.37 DRAListTypeAttributes) or an int; auto asks the server.
+    numa_node_attribute: str = "auto"
     config_file: Path | None = None
 
     @property
@@ -67,6 +70,12 @@ def _parse_device_types(value: Any) -> tuple[str, ...]:
             f"unknown device type(s) {', '.join(unknown)}; known: {', '.join(ALL_DEVICE_TYPES)}"
         )
     return types
+
+
+def _numa_form(value: Any) -> str:
+    if value not in NUMA_NODE_FORMS:
+        raise ValueError(f"expected one of {', '.join(NUMA_NODE_FORMS)}, got {_kind(value)}")
+    return str(value)
 
 
 def _text(value: Any) -> str:
@@ -103,6 +112,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "cdi_dir": _path,
     "sysfs_root": _path,
     "simulate": _text,
+    "numa_node_attribute": _numa_form,
     "metrics_address": _text,
     "log_format": _text,
     "config_file": _path,
@@ -211,6 +221,10 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--sysfs-root",), {"help": "sysfs mount point [default: /sys]"}),
     (("--simulate",), {"metavar": "PROFILE", "help": "run on simulated hardware"}),
     (("--device-types",), {"help": "comma-separated subset of gpu,mig,nic,vf [default: all]"}),
+    (("--numa-node-attribute",), {
+        "type": click.Choice(NUMA_NODE_FORMS),
+        "help": "numaNode as an int list (needs DRAListTypeAttributes) or an int; auto asks "
+                "the API server [default: auto]"}),
     (("--metrics-address",), {"help": "host:port of metrics and health [default: 127.0.0.1:9464]"}),
     (("--config", "config_file"), {"help": "YAML config file", "type": click.Path()}),
     (("--log-format",), {"type": click.Choice(["logfmt", "json"])}),

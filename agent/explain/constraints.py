@@ -87,7 +87,9 @@ class Tracker:
             if first != value:
                 return Reason(
                     CONSTRAINT,
-                    f"matchAttribute {c.attribute}: {value[1]} here, {_show(first)} on {dev} "
+                    # The device's own value is in the detail (and next to its name in the
+                    # table): the message is the same for every device it stops, so they group.
+                    f"matchAttribute {c.attribute}: not {_show(first)}, the value of {dev} "
                     f"chosen for request {req}",
                     {"constraint": c.kind, "attribute": c.attribute, "value": value[1],
                      "conflictsWith": {"request": req, "device": dev, "value": first[1]}})

@@ -155,3 +155,15 @@ def walk(doc: Doc) -> Iterator[tuple[Path_, Any]]:
             stack.extend(((*path, k), v) for k, v in value.items())
         elif isinstance(value, list):
             stack.extend(((*path, i), v) for i, v in enumerate(value))
+
+
+PACKAGED_CLASSES = "deviceclasses.yaml"
+
+
+def packaged_classes() -> list[Doc]:
+    """The DeviceClasses the agent ships (a copy of deploy/base/deviceclasses.yaml), so that
+    an install without the repository explains claims against our classes out of the box."""
+    from importlib.resources import files
+
+    return load_text(files("agent").joinpath(PACKAGED_CLASSES).read_text("utf-8"),
+                     f"<packaged {PACKAGED_CLASSES}>")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+from agent.explain.reasons import CONSTRAINT
 from agent.explain.result import ExplainResult, PodExplainResult
 
 #: In the table, at most this many rejected devices per reason are listed by name.
@@ -49,6 +50,9 @@ def to_table(result: ExplainResult) -> str:
             if v.reason is None:
                 continue
             at = f"{v.device} ({v.where})" if v.where else v.device
+            value = v.reason.detail.get("value") if v.reason.code == CONSTRAINT else None
+            if value is not None and str(value) != v.where:
+                at += f" {v.reason.detail.get('attribute', '').rpartition('/')[2]}={value}"
             groups.setdefault(v.reason.message, []).append(at)
         width = max((len(m) for m in groups), default=0)
         for message, names in sorted(groups.items(), key=lambda kv: -len(kv[1])):

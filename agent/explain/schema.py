@@ -1,7 +1,8 @@
 """The resource.k8s.io/v1 fields explain reads, to reject unknown fields and wrong types.
 
 A hand-kept table rather than the OpenAPI document, because the package must work without the
-test data; tests/explain checks every entry against the Kubernetes 1.36 swagger.
+test data; tests/explain checks every entry against the Kubernetes 1.36 and 1.37 swagger. A
+field 1.37 renamed is known by both names, so 1.36 files stay readable.
 Specs: ``str``, ``int``, ``bool``, ``qty`` (string or number), ``any`` (not checked),
 ``T:<Type>`` (object), ``L:<spec>`` (list), ``M:<spec>`` (map with string keys).
 """
@@ -74,7 +75,8 @@ SCHEMA: dict[str, dict[str, str]] = {
         "consumesCounters": "L:T:DeviceCounterConsumption", "nodeName": "str",
         "nodeSelector": "any", "allNodes": "bool", "taints": "L:T:DeviceTaint",
         "bindsToNode": "bool", "bindingConditions": "L:str", "bindingFailureConditions": "L:str",
-        "allowMultipleAllocations": "bool", "nodeAllocatableResourceMappings": "any",
+        "allowMultipleAllocations": "bool", "nodeAllocatableResources": "any",
+        "nodeAllocatableResourceMappings": "any",  # 1.36's name of nodeAllocatableResources
     },
     "DeviceAttribute": {
         "int": "int", "bool": "bool", "string": "str", "version": "str",

@@ -14,8 +14,9 @@ from agent.kube.transport import KubeAPIError, KubeHTTP
 API = "/apis/resource.k8s.io/v1"
 
 
-def slices_from_discovery(cfg: Config) -> list[dict[str, Any]]:
-    """What this node (or ``--simulate PROFILE``) would publish, as ResourceSlice dicts."""
+def slices_from_discovery(cfg: Config, list_attributes: bool = False) -> list[dict[str, Any]]:
+    """What this node (or ``--simulate PROFILE``) would publish, as ResourceSlice dicts, with
+    numaNode as an int list where ``list_attributes`` (the cluster's DRAListTypeAttributes)."""
     try:
         from agent.commands.discover import run_discovery, slice_objects
         from discovery.pools import build_resources
@@ -26,7 +27,7 @@ def slices_from_discovery(cfg: Config) -> list[dict[str, Any]]:
         inventory = run_discovery(cfg)
     except ProfileError as err:
         raise InputError("--simulate", str(err)) from err
-    resources = build_resources(inventory, cfg.node_name)
+    resources = build_resources(inventory, cfg.node_name).in_form(list_attributes)
     return slice_objects(resources, cfg.driver_name, cfg.node_name)
 
 
@@ -81,6 +82,25 @@ class Cluster:
         except (ValueError, AttributeError) as err:
             raise InputError(path, f"cannot get: the answer is not a Node ({err})") from err
         return {str(k): str(v) for k, v in labels.items()}
+
+    def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One namespaced resource.k8s.io/v1 object (a Pod's claim or template); None: absent."""
+        path = f"{API}/namespaces/{quote(namespace, safe='')}/{plural}/{quote(name, safe='')}"
+        try:
+            response = self._api.request("GET", path, timeout=30.0)
+        except KubeAPIError as err:
+            raise InputError(path, f"cannot get: {err.reason}: {err.message}") from err
+        if response.status == 404:
+            return None
+        if not response.ok:
+            raise InputError(path, f"cannot get: HTTP {response.status}: {response.body[:200]!r}")
+        try:
+            obj = json.loads(response.body)
+        except ValueError as err:
+            raise InputError(path, f"cannot get: the answer is not JSON ({err})") from err
+        if not isinstance(obj, dict):
+            raise InputError(path, "cannot get: the answer is not an object")
+        return obj
 
     def classes(self) -> list[dict[str, Any]]:
         return self._list(f"{API}/deviceclasses")

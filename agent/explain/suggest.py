@@ -57,12 +57,14 @@ def _shortfall(r: RequestReport) -> str:
 
 def _constraint_hint(claim: Claim, reports: Sequence[RequestReport], search: Search
                      ) -> str | None:
+    """The constraint that decides, as one fact: which value comes closest and what it lacks
+    (matchAttribute), or how few distinct values there are (distinctAttribute)."""
     by_name = {r.request: r for r in reports}
     devices = {e.device.id: e.device for e in search.entries}
     for c in claim.constraints:
         names = list(c.requests) or [r.request for r in reports]
         involved = [by_name[n] for n in names if n in by_name and by_name[n].status != "skipped"]
-        if len(involved) < 2 or not c.match_attribute:
+        if not involved:
             continue
         per_value: dict[str, Counter[str]] = {}
         for r in involved:
@@ -71,17 +73,51 @@ def _constraint_hint(claim: Claim, reports: Sequence[RequestReport], search: Sea
                     found = devices[(v.driver, v.pool, v.device)].attribute(c.attribute)
                     if found is not None:
                         per_value.setdefault(str(found[1]), Counter())[r.request] += 1
+        which = ", ".join(r.request for r in involved)
+        short = c.attribute.rpartition("/")[2]
         if not per_value:
-            return (f"constraint matchAttribute {c.attribute}: the free devices of requests "
-                    f"{', '.join(r.request for r in involved)} have no common value")
-        best = max(per_value, key=lambda k: sum(min(per_value[k][r.request], r.needed)
-                                                for r in involved))
-        lacking = [f"{r.request} has {per_value[best][r.request]} of {r.needed}"
-                   for r in involved if per_value[best][r.request] < r.needed]
-        return (f"constraint matchAttribute {c.attribute}: no value has free devices for all of "
-                f"{', '.join(r.request for r in involved)}; closest is {best}, where "
-                f"{'; '.join(lacking)}")
+            return (f"constraint {c.kind} {c.attribute}: no free device of request(s) {which} "
+                    "has the attribute")
+        if c.match_attribute:
+            hint = _match_hint(c.attribute, short, involved, per_value)
+        else:
+            hint = _distinct_hint(c.attribute, short, which, involved, per_value)
+        if hint:
+            return hint
     return None
+
+
+def _match_hint(attribute: str, short: str, involved: Sequence[RequestReport],
+                per_value: dict[str, Counter[str]]) -> str | None:
+    def need(r: RequestReport) -> int:
+        return max(r.needed, 1)
+
+    best = max(sorted(per_value), key=lambda k: sum(min(per_value[k][r.request], need(r))
+                                                    for r in involved))
+    lacking = [r for r in involved if per_value[best][r.request] < need(r)]
+    if not lacking:
+        return None  # some value suits every request: another constraint decides
+    if len(involved) == 1:
+        (r,) = involved
+        return (f"constraint matchAttribute {attribute}: no {short} has {need(r)} free devices "
+                f"for request {r.request}; the most any has is {per_value[best][r.request]} "
+                f"({best})")
+    return (f"constraint matchAttribute {attribute}: no {short} has free devices for all of "
+            f"{', '.join(r.request for r in involved)}; closest is {best}, where "
+            + "; ".join(f"{r.request} has {per_value[best][r.request]} of {need(r)}"
+                        for r in lacking))
+
+
+def _distinct_hint(attribute: str, short: str, which: str, involved: Sequence[RequestReport],
+                   per_value: dict[str, Counter[str]]) -> str | None:
+    total = sum(max(r.needed, 1) for r in involved)
+    if len(per_value) >= total:
+        return None
+    values = sorted(per_value)
+    shown = ", ".join(values[:6]) + (f" +{len(values) - 6} more" if len(values) > 6 else "")
+    return (f"constraint distinctAttribute {attribute}: request(s) {which} need {total} "
+            f"devices with different {short} values, but their free devices have only "
+            f"{len(values)} ({shown})")
 
 
 def suggest(claim: Claim, reports: Sequence[RequestReport], pools: Sequence[PoolReport],

@@ -36,12 +36,15 @@ def start(
     stop_event: threading.Event | None = None,
     on_error: Callable[[Exception], None] | None = None,
     timing: Timing | None = None,
+    list_attributes: bool | None = None,
 ) -> Controller:
     """Start publishing ``resources`` for ``driver``; returns at once.
 
     ``api_client`` is a ``kubernetes.client.ApiClient`` (or any ``SliceClient``); None gives
     an inactive controller that says so once (kubelet standalone mode). Errors found in the
     background go to ``on_error``; the controller retries what can succeed by retrying.
+    ``list_attributes`` publishes list-valued attributes (numaNode) as lists (True) or as
+    their scalar (False); None asks the server once, by a dry-run create (listattrs.py).
     """
     client: SliceClient | None
     if api_client is None or isinstance(api_client, SliceClient):
@@ -51,6 +54,7 @@ def start(
     return Controller(
         client, driver, owner, resources, metrics=metrics, resync_period_s=resync_period_s,
         stop_event=stop_event, on_error=on_error, timing=timing,
+        list_attributes=list_attributes,
     )
 
 

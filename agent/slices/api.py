@@ -181,6 +181,12 @@ class KubeSliceClient:
         query = [("fieldManager", self._field_manager)]
         return from_wire(self._json("POST", _collection(version), query, body), version)
 
+    def dry_run_create(self, version: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """``create`` with ``dryRun=All``: validated and admitted, never stored (listattrs)."""
+        body = to_wire(obj, version)
+        query = [("fieldManager", self._field_manager), ("dryRun", "All")]
+        return from_wire(self._json("POST", _collection(version), query, body), version)
+
     def update(self, version: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         body = to_wire(obj, version)
         query = [("fieldManager", self._field_manager)]

@@ -231,6 +231,8 @@ FEATURE_GATES = (
     ("bools", "DRAListTypeAttributes"),
     ("strings", "DRAListTypeAttributes"),
     ("versions", "DRAListTypeAttributes"),
+    ("nodeAllocatableResources", "DRANodeAllocatableResources"),  # 1.37's name
+    ("nodeAllocatableResourceMappings", "DRANodeAllocatableResources"),  # 1.36's
 )
 
 

@@ -43,6 +43,7 @@ from agent.common.metrics import Metrics
 from agent.slices.api import ApiError, SliceClient
 from agent.slices.backoff import Backoff
 from agent.slices.errors import PublishError, RejectedSliceError
+from agent.slices.listattrs import ListForm
 from agent.slices.owner import Owner, OwnerUID
 from agent.slices.pools import PoolState, effective, to_desired
 from agent.slices.publish import ConflictError, Publisher
@@ -92,6 +93,7 @@ class Controller:
         stop_event: threading.Event | None = None,
         on_error: Callable[[Exception], None] | None = None,
         timing: Timing | None = None,
+        list_attributes: bool | None = None,
     ) -> None:
         if not driver:
             raise ValueError("a DRA driver name is required")
@@ -114,7 +116,9 @@ class Controller:
         self._stop = threading.Event()
         self._cond = threading.Condition()  # guards _desired, _pending
         self._in_sync = threading.Event()
-        self._desired = to_desired(resources, owner)
+        self._form = ListForm(list_attributes)  # decided after API discovery, if "auto"
+        self._resources = resources
+        self._desired = to_desired(self._form.apply(resources), owner)
         self._pending: dict[str, float] = dict.fromkeys(self._desired, 0.0)
         self._bursts: dict[str, float] = {}  # pool -> first event of a burst being debounced
         self._recovered = False  # set by a watcher when the server answers again
@@ -149,11 +153,17 @@ class Controller:
     def api_version(self) -> str | None:
         return self._version
 
+    @property
+    def list_attributes(self) -> bool | None:
+        """Whether list-valued attributes are published (None: not decided yet)."""
+        return self._form.lists
+
     def update(self, resources: DriverResources) -> None:
         """Replace the desired state (the controller takes ownership); never blocks."""
         with self._cond:
             old = set(self._desired)
-            self._desired = to_desired(resources, self._owner)
+            self._resources = resources
+            self._desired = to_desired(self._form.apply(resources), self._owner)
             self._scopes_dirty = True
             now = time.monotonic()
             for pool in old | set(self._desired):
@@ -316,6 +326,8 @@ class Controller:
             if self._scopes_dirty or not len(self._scopes):
                 self._ensure_scopes()
             due = self._take_due()
+            if due:
+                self._decide_form()
             self._owner_uid.new_batch()  # at most one Node lookup per batch of pools
             for pool in due or ():
                 if self._stopping():
@@ -407,6 +419,18 @@ class Controller:
                 return True
             self._stop.wait(delay)
         return False
+
+    def _decide_form(self) -> None:
+        """Probe the server (once per start) when a pool first has a list form to offer,
+        and re-form the desired pools before any of them is synced in the wrong form."""
+        assert self._client is not None and self._version is not None
+        with self._cond:
+            resources = self._resources
+        if not self._form.undecided(resources):
+            return
+        if self._form.decide(self._client, self._driver, self._owner, self._version):
+            with self._cond:
+                self._desired = to_desired(self._form.apply(self._resources), self._owner)
 
     def _ensure_scopes(self) -> None:
         """Start the watch scopes the desired pools need (a started scope stays)."""

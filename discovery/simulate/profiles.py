@@ -21,7 +21,7 @@ from discovery.simulate.fake_nvml import (
     FakeMig,
     FakeNvml,
 )
-from discovery.simulate.tree import PciSpec, SysfsBuilder, touch_nodes
+from discovery.simulate.tree import PciSpec, SysfsBuilder, touch_nodes, write_numa
 from discovery.sources import ProcRoutes, Sources
 
 MARKER = ".dra-agent-simulated"
@@ -104,6 +104,10 @@ H100_PAIRS = (  # root bus, mlx5 index, NUMA; NIC = root+3, GPU = root+6
     (0x97, 6, 1), (0xBD, 9, 1), (0xCB, 10, 1), (0xD9, 11, 1),
 )
 H100_CPUS = ("0-55,112-167", "56-111,168-223")
+#: Sub-NUMA clustering (SNC-2): 2 sockets of 2 NUMA nodes each, socket 0 = nodes 0 and 2, so
+#: the devices keep sitting on nodes 0 and 1 and their numaNode lists are [0, 2] and [1, 3].
+H100_NUMA = {0: (0, "0-27,112-139"), 2: (0, "28-55,140-167"),
+             1: (1, "56-83,168-195"), 3: (1, "84-111,196-223")}
 H100_MEMORY = 85_520_809_984  # 81559 MiB, as NVML reports it
 
 
@@ -146,6 +150,7 @@ def _dgx_h100(node: _Node) -> None:
         s.function(PciSpec(_bdf(bus), "pci0000:00", (), NVIDIA, 0x22A3, 0x068000,
                            (NVIDIA, 0x1796), 0, H100_CPUS[0], "nvidia-nvswitch"))
     _mgmt_nic(node, 0x0B, "eno3", 0, H100_CPUS[0])
+    write_numa(s, H100_NUMA, near=12, far=21)
 
 
 # -- dgx-a100-mig ------------------------------------------------------------------------
@@ -159,6 +164,9 @@ A100_COMPLEXES = (  # root bus, NUMA, GPU buses, (NIC bus, mlx5 index) x2   [inf
 A100_CPUS = {3: "48-63,176-191", 1: "16-31,144-159", 7: "112-127,240-255",
              5: "80-95,208-223", 0: "0-15,128-143", 6: "96-111,224-239"}
 A100_MEMORY = 85_899_345_920  # 81920 MiB
+#: AMD Rome NPS4: 2 sockets of 4 NUMA nodes, node n holds CPUs 16n.. and 128+16n..
+A100_NUMA = {n: (n // 4, f"{16 * n}-{16 * n + 15},{128 + 16 * n}-{128 + 16 * n + 15}")
+             for n in range(8)}
 
 
 def _a100_migs(index: int) -> tuple[tuple[int, int], list[FakeMig]]:
@@ -210,6 +218,7 @@ def _dgx_a100(node: _Node) -> None:
                            (MELLANOX, 0x0007), numa, A100_CPUS[numa], "mlx5_core",
                            "16.0 GT/s PCIe")
             _cx(node, spec, f"enp{bus}s0f{fn}", mlx + fn, ib=False, speed=200000, hca="MT4123")
+    write_numa(s, A100_NUMA, near=12, far=32)
     # In-band management runs over the second storage card's first port.
     node.routes += [("enp225s0f0", "00000000", "00000000"),
                     ("enp225s0f0", "000A0A0A", "00FFFFFF")]

@@ -153,6 +153,29 @@ class SysfsBuilder:
             (dev / "drm" / node).mkdir(parents=True, exist_ok=True)
 
 
+def write_numa(builder: SysfsBuilder, nodes: Mapping[int, tuple[int, str]], *,
+               near: int, far: int) -> None:
+    """``devices/system/{node,cpu}``: node id -> (socket, cpulist), with a SLIT that puts
+    same-socket nodes at ``near`` and the others at ``far`` (the kernel's format: one row of
+    distances per node, ``cpuN/topology/physical_package_id``)."""
+    from discovery.numa import parse_cpulist
+
+    ids = range(max(nodes) + 1)
+    for node, (socket, cpus) in nodes.items():
+        path = builder.root / "devices" / "system" / "node" / f"node{node}"
+        path.mkdir(parents=True, exist_ok=True)
+        row = [10 if i == node else near if nodes.get(i, (None,))[0] == socket else far
+               for i in ids]
+        _write(path / "distance", " ".join(str(d) for d in row))
+        _write(path / "cpulist", cpus)
+        # Only the node's first CPU, the one a node's socket is read from: every CPU's
+        # directory (224 on a DGX H100) would double the time a profile takes to write.
+        cpu = parse_cpulist(cpus)[0]
+        topo = builder.root / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology"
+        topo.mkdir(parents=True, exist_ok=True)
+        _write(topo / "physical_package_id", str(socket))
+
+
 def touch_nodes(dev_root: Path, names: Sequence[str]) -> None:
     """Stand-ins for device nodes (plain files: creating char devices needs root)."""
     for name in names:

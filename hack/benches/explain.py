@@ -4,7 +4,9 @@ The node has 128 PCIe roots, each with 8 GPUs and 8 NICs (16 slices of 128 devic
 first quarter of the roots' GPUs are held by other claims, so the search has to walk past them.
 The claim asks for 2 GPUs with at least 40Gi and a NIC under one PCIe root (matchAttribute),
 plus one more GPU and NIC on one NUMA node, not the first NIC's (distinctAttribute).
-Goal: <= 100 ms per call.
+Goal: <= 100 ms per call. The scheduler's own allocator (``hack/realk8s/bin/<minor>/allocate``,
+when built) is timed on the same input beside it: one process, one JSON line per call, so the
+figure is its decode + allocate + encode, as explain's includes its parsing.
 CEL costs are reported separately: compile per expression, evaluation per (device, selector),
 and converting a device into CEL values.
 """
@@ -121,8 +123,53 @@ def run(quick: bool) -> list[Figure]:
         Figure("CEL device conversions per explain (one per distinct view)",
                stats["celConversions"], "devices"),
         Figure("explain input parsing, median", statistics.median(parse), "ms"),
+        *_go_allocator(claim, classes, slices, held, rounds, median),
         *_distinct_devices(claim, slices),
     ]
+
+
+def _go_allocator(claim: dict[str, Any], classes: list[dict[str, Any]],
+                  slices: list[dict[str, Any]], held: list[dict[str, Any]], rounds: int,
+                  explain_ms: float) -> list[Figure]:
+    """The Go allocator's median on the same input, and explain's time over it (no verdict:
+    what explain must meet is its own goal; this says how far from the Go code it is)."""
+    import json
+    import subprocess
+
+    from tests.realk8s.cluster import bin_dir, minor_under_test
+
+    minor = minor_under_test()
+    binary = bin_dir(minor) / "allocate"
+    if not binary.is_file():
+        print(f"# explain: Go allocator not timed, hack/realk8s/bin/{minor}/allocate is not "
+              f"built (hack/realk8s/build.sh {minor})")
+        return []
+    stored = json.loads(json.dumps(claim))  # as the API server stores it: defaulted, with a UID
+    stored["apiVersion"], stored["metadata"]["uid"] = "resource.k8s.io/v1", "bench-uid"
+    for request in stored["spec"]["devices"]["requests"]:
+        request["exactly"].setdefault("allocationMode", "ExactCount")
+    doc = {"node": NODE, "claims": [stored],
+           "deviceClasses": [{**c, "apiVersion": "resource.k8s.io/v1"} for c in classes],
+           "resourceSlices": slices,
+           "allocatedDevices": [{"driver": r["driver"], "pool": r["pool"], "device": r["device"]}
+                                for c in held
+                                for r in c["status"]["allocation"]["devices"]["results"]]}
+    line = (json.dumps(doc) + "\n").encode()
+    times = []
+    with subprocess.Popen([str(binary), "--lines"], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        for _ in range(rounds + 1):  # the first call warms the process up: not counted
+            start = time.perf_counter()
+            proc.stdin.write(line)
+            proc.stdin.flush()
+            answer = json.loads(proc.stdout.readline())
+            times.append((time.perf_counter() - start) * 1e3)
+            assert "allocations" in answer, f"the Go allocator does not fit it: {answer}"
+        proc.stdin.close()
+    go = statistics.median(times[1:])
+    return [Figure(f"Go allocator ({minor}) on the same input, wall median", go, "ms"),
+            Figure("explain wall median / Go allocator's", explain_ms / go, "x")]
 
 
 def _distinct_devices(claim: dict[str, Any], slices: list[dict[str, Any]]) -> list[Figure]:

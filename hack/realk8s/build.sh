@@ -7,9 +7,10 @@
 # Every run also builds helm (hack/realk8s/helm/go.mod pins it) into hack/realk8s/bin/helm;
 # `build.sh helm` builds only that.
 #
-# Output: hack/realk8s/bin/<minor>/{kube-apiserver,etcd,kubectl,allocate,kubelet-dra}
-# (git-ignored); allocate and kubelet-dra are ours (tools/: the scheduler's allocator on JSON,
-# the kubelet's DRA manager and plugin manager driven over stdin). A build whose inputs (go.mod,
+# Output: hack/realk8s/bin/<minor>/{kube-apiserver,etcd,kubectl,allocate,kubelet-dra,peer-driver}
+# (git-ignored); the last three are ours (tools/: the scheduler's allocator on JSON, the
+# kubelet's DRA manager and plugin manager driven over stdin, and a Go driver on the upstream
+# kubeletplugin helper for the vs-upstream benchmark). A build whose inputs (go.mod,
 # go.sum, tools/, this script, the Go toolchain) are unchanged is a no-op. Prints how
 # long it took; the last line of each minor is the bin directory.
 set -euo pipefail
@@ -17,6 +18,8 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 SUPPORTED="1.37 1.35"
 TOOLS=github.com/dra-agent/dra-agent/hack/realk8s/tools
+# peer-driver (the vs-upstream benchmark's Go driver) follows the current minor's helper only.
+PEER_MINOR=1.37
 
 die() { echo "build.sh: $*" >&2; exit 1; }
 
@@ -48,7 +51,8 @@ build_one() {
     stamp="$( (cat "$mod/go.mod" "$mod/go.sum" "$0"; find "$HERE/tools" -type f \( -name '*.go' -o -name go.mod \) | sort | xargs cat; go version) | sha256sum | cut -c1-16)"
     if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ] &&
         [ -x "$out/kube-apiserver" ] && [ -x "$out/etcd" ] && [ -x "$out/kubectl" ] &&
-        [ -x "$out/allocate" ] && [ -x "$out/kubelet-dra" ]; then
+        [ -x "$out/allocate" ] && [ -x "$out/kubelet-dra" ] &&
+        { [ "$minor" != "$PEER_MINOR" ] || [ -x "$out/peer-driver" ]; }; then
         echo "build.sh: $minor ($version) is current, nothing to do (0 s)" >&2
         echo "$out"
         return
@@ -58,11 +62,14 @@ build_one() {
     start=$(date +%s)
     tmp="$(mktemp -d "$HERE/bin/.build-$minor.XXXXXX")"
     log="$HERE/bin/build-$minor.log"
-    echo "build.sh: building kube-apiserver, etcd, kubectl, allocate, kubelet-dra $version (a cold build takes about 10 min on 2 cores)" >&2
+    echo "build.sh: building ${bins// /, } $version (a cold build takes about 10 min on 2 cores)" >&2
+    local peer="" bins="kube-apiserver etcd kubectl allocate kubelet-dra"
+    if [ "$minor" = "$PEER_MINOR" ]; then peer="$TOOLS/peer-driver"; bins="$bins peer-driver"; fi
     # go.sum is committed: go verifies every module it downloads against it (-mod=readonly).
     if ! (cd "$mod" && go build -trimpath -ldflags "$(ldflags_for "$version")" -o "$tmp/" \
             go.etcd.io/etcd/server/v3 k8s.io/kubernetes/cmd/kube-apiserver \
-            k8s.io/kubernetes/cmd/kubectl "$TOOLS/allocate" "$TOOLS/kubelet-dra") >"$log" 2>&1; then
+            k8s.io/kubernetes/cmd/kubectl "$TOOLS/allocate" "$TOOLS/kubelet-dra" \
+            $peer) >"$log" 2>&1; then
         rm -rf "$tmp"
         # One line: the module that could not be had, else go's first error.
         local what
@@ -77,7 +84,7 @@ build_one() {
     # The etcd main package is go.etcd.io/etcd/server/v3, so go names its binary "server".
     mv "$tmp/server" "$tmp/etcd"
     mkdir -p "$out"
-    for b in kube-apiserver etcd kubectl allocate kubelet-dra; do mv -f "$tmp/$b" "$out/$b"; done
+    for b in $bins; do mv -f "$tmp/$b" "$out/$b"; done
     rmdir "$tmp"
     echo "$stamp" >"$out/.stamp"
     echo "build.sh: $minor ($version) built in $(( $(date +%s) - start )) s, $(du -sh "$out" | cut -f1) in $out" >&2

@@ -157,3 +157,58 @@ def test_a_dead_registration_watchdog_is_fatal(
     runner.join(10)
     assert result == [1]
 
+
+
+class _SignalDuringReady:
+    """A notifier during whose READY=1 a SIGTERM lands: the handler (run.py's) calls
+    ``request_stop`` on the same thread, inside the send. Its lock is not re-entrant, like the
+    real one's; ``acquire(timeout=)`` turns the deadlock that once hung the agent into a
+    failure."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sent: list[dict[str, Any]] = []
+        self.daemon: Daemon | None = None
+        self.enabled = True
+
+    def notify(self, **fields: Any) -> bool:
+        assert self.lock.acquire(timeout=5), f"notifier re-entered while sending {self.sent}"
+        try:
+            self.sent.append(fields)
+            if fields.get("READY") == 1 and self.daemon is not None:
+                self.daemon.request_stop("SIGTERM")
+        finally:
+            self.lock.release()
+        return True
+
+    def ready(self, status: str | None = None) -> bool:
+        return self.notify(READY=1, STATUS=status or "ready")
+
+    def status(self, text: str) -> bool:
+        return self.notify(STATUS=text)
+
+    def stopping(self, status: str | None = None) -> bool:
+        return self.notify(STOPPING=1, STATUS=status or "stopping")
+
+    def run_watchdog(self, *_args: Any) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_stop_request_inside_a_notification_does_not_hang(tmp_path: Path) -> None:
+    short = Path(tempfile.mkdtemp(prefix="s", dir="/tmp"))
+    try:
+        notifier = _SignalDuringReady()
+        cfg = Config(driver_name=DRIVER, node_name=NODE, kubeconfig="none",
+                     kubelet_dir=short / "k", cdi_dir=short / "cdi", simulate="dgx-h100",
+                     metrics_address="127.0.0.1:0")
+        daemon = Daemon(cfg, RunOptions(health=None, slow_rescan_s=3600),
+                        notifier=notifier, environ={})  # type: ignore[arg-type]
+        notifier.daemon = daemon
+        assert daemon.run() == 0
+        assert [f.get("READY") or f.get("STOPPING") for f in notifier.sent][-2:] == [1, 1]
+        assert notifier.sent[-1]["STATUS"] == "stopping: SIGTERM"
+    finally:
+        shutil.rmtree(short, ignore_errors=True)

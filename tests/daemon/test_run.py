@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.kubelet import KubeletStandIn
 
@@ -142,8 +143,11 @@ def test_restart_with_same_hardware_writes_nothing(workdir: Path, apiserver: Fak
     finally:
         assert second.terminate() == 0
     writes = [r for r in apiserver.requests
-              if r.verb in ("create", "update", "patch", "delete", "deletecollection")]
+              if r.verb in ("create", "update", "patch", "delete", "deletecollection")
+              and r.query.get("dryRun") != "All"]  # the list-attribute probe stores nothing
     assert writes == []
+    probes = [r for r in apiserver.requests if r.query.get("dryRun") == "All"]
+    assert len(probes) == 1  # numaNode's form is asked once per start
     after = {s["metadata"]["name"]: s["metadata"]["resourceVersion"]
              for s in apiserver.list_objects("resourceslices")}
     assert after == before
@@ -215,4 +219,11 @@ def test_version_reports_served_apis() -> None:
     out = subprocess.run([sys.executable, "-m", "agent.cli", "version", "-o", "json"],
                          capture_output=True, text=True, check=True)
     info = json.loads(out.stdout)
-    assert info["kubeletServices"] == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    from agent.plugin.registration import DRA_SERVICES, HEALTH_SERVICES
+
+    # What registration advertises, without version importing grpc to say it.
+    assert info["kubeletServices"] == list(DRA_SERVICES) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert info["healthServices"] == list(HEALTH_SERVICES)
+    assert info["testedKubernetes"] == ["1.37", "1.35"]
+    minors = sorted(p.name for p in (REPO / "hack" / "realk8s").glob("v1.*"))
+    assert [f"v{m}" for m in sorted(info["testedKubernetes"])] == minors

@@ -70,7 +70,7 @@ def test_missing_and_minus_one_numa_node_are_omitted(workdir: Path) -> None:
     devices = discover(_sources(workdir)).by_name()
     assert NUMA_NODE not in devices["nic-0000-01-00-0"].attributes
     assert NUMA_NODE not in devices["nic-0000-02-00-0"].attributes
-    assert devices["nic-0000-03-00-0"].attributes[NUMA_NODE] == 0
+    assert devices["nic-0000-03-00-0"].attributes[NUMA_NODE] == (0,)  # no distances: itself
 
 
 def test_garbage_value_is_omitted_and_the_file_is_named(
@@ -270,7 +270,7 @@ def test_amd_and_intel_gpus_come_from_drm(workdir: Path) -> None:
     mi = devices["gpu-0000-c1-00-0"]
     assert mi.type == "gpu" and mi.attributes["vendor"] == "amd"
     assert mi.attributes["cardIndex"] == 1 and mi.attributes["renderIndex"] == 129
-    assert mi.attributes[NUMA_NODE] == 1 and mi.attributes["pciDeviceID"] == "74a1"
+    assert mi.attributes[NUMA_NODE] == (1,) and mi.attributes["pciDeviceID"] == "74a1"
     assert mi.host.dev_nodes == ("/dev/dri/card1", "/dev/dri/renderD129", "/dev/kfd")
     assert devices["gpu-0000-00-02-0"].host.dev_nodes == ("/dev/dri/card0", "/dev/dri/renderD128")
     no_gpus = discover(_sources(workdir), DiscoveryOptions(device_types=("nic",)))

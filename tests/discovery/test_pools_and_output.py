@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -147,3 +148,61 @@ def test_real_sysfs_runs_with_exit_0() -> None:
     result = _run()
     assert result.exit_code == 0, result.output
     assert result.stdout.strip()
+
+
+NUMA = "resource.kubernetes.io/numaNode"
+
+
+def test_discover_shows_the_scalar_numa_node_unless_told_list(slice_validator: Any) -> None:
+    scalar = json.loads(_run("--simulate", "dgx-h100", "-o", "json").stdout)
+    gpus = [d for o in scalar["items"] for d in o["spec"]["devices"]
+            if d["name"].startswith("gpu-")]
+    assert [g["attributes"][NUMA] for g in gpus] == [{"int": 0}] * 4 + [{"int": 1}] * 4
+    listed = _run("--simulate", "dgx-h100", "-o", "json", "--numa-node-attribute", "list")
+    assert listed.exit_code == 0, listed.output
+    gpus = [d for o in json.loads(listed.stdout)["items"] for d in o["spec"]["devices"]
+            if d["name"].startswith("gpu-")]
+    assert [g["attributes"][NUMA] for g in gpus] == (
+        [{"ints": [0, 2]}] * 4 + [{"ints": [1, 3]}] * 4)
+    attribute = slice_validator.schema["definitions"]["io.k8s.api.resource.v1.DeviceAttribute"]
+    if "ints" in attribute["properties"]:  # 1.36+: the list form is valid (behind its gate)
+        for obj in json.loads(listed.stdout)["items"]:
+            assert not sorted(slice_validator.iter_errors(obj), key=str)
+    env = _run("--simulate", "dgx-h100", "-o", "json",
+               env={"DRA_AGENT_NUMA_NODE_ATTRIBUTE": "list"}).stdout
+    assert json.loads(env) == json.loads(listed.stdout)
+
+
+def test_discover_table_shows_the_form_asked_for() -> None:
+    def numa_of_gpu0(*args: str) -> str:
+        out = _run("--simulate", "dgx-h100", *args).stdout.splitlines()
+        cells = next(line for line in out if line.startswith("gpu-0 ")).split()
+        return cells[cells.index("0000:1b:00.0") + 1]  # NUMA follows PCI
+
+    assert numa_of_gpu0() == "0"
+    assert numa_of_gpu0("--numa-node-attribute", "list") == "0,2"
+    assert numa_of_gpu0("--numa-node-attribute", "auto") == "0"  # no API server: scalar
+
+
+def test_list_form_of_130_devices_is_sliced_at_64(tmp_path: Path) -> None:
+    listed = json.loads(_run("--simulate", "dgx-a100-mig", "-o", "json",
+                             "--numa-node-attribute", "list").stdout)
+    assert all(len(o["spec"]["devices"]) <= 64 for o in listed["items"])
+    inventory = Inventory(devices=tuple(
+        Device(f"nic-{i}", DeviceType.NIC, {NUMA: (0, 1)}, {}) for i in range(130)))
+    resources = build_resources(inventory, "node-a")
+    assert [len(s.devices) for s in resources.pools["node-a"].slices] == [128, 2]
+    assert resources.list_pools is not None
+    assert [len(s.devices) for s in resources.list_pools["node-a"].slices] == [64, 64, 2]
+
+
+@pytest.mark.parametrize("value", ["lists", "", "LIST", "1"])
+def test_bad_numa_node_attribute_is_one_line(value: str, tmp_path: Path) -> None:
+    result = _run("--simulate", "empty", "--numa-node-attribute", value)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"numa-node-attribute: {value!r}\n")
+    result = _run("--simulate", "empty", "--config", str(config))
+    assert result.exit_code == 2 and "numa-node-attribute" in result.output
+    assert len(result.output.strip().splitlines()) <= 3, result.output
+    assert "Traceback" not in result.output

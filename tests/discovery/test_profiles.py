@@ -58,7 +58,7 @@ def test_dgx_h100_gpu_attributes_match_nvml_and_sysfs(inventory_of: Inv) -> None
     assert a["cudaDriverVersion"] == Version("12.4.0")
     assert a[PCI_BUS_ID] == "0000:9d:00.0"
     assert a[PCIE_ROOT] == "pci0000:97"
-    assert a[NUMA_NODE] == 1
+    assert a[NUMA_NODE] == (1, 3)  # SNC-2: node 1 and its socket sibling 3
     assert a["index"] == 4 and a["minor"] == 4
     assert str(a["uuid"]).startswith("GPU-")
     assert a["pciVendorID"] == "10de" and a["pciDeviceID"] == "2330"
@@ -80,7 +80,8 @@ def test_dgx_h100_gpu_nic_pairs_share_root_and_switch(inventory_of: Inv) -> None
         roots.add(gpu.attributes[PCIE_ROOT])
         switches.add(gpu.attributes["pcieSwitch"])
     assert len(roots) == 8 and len(switches) == 8  # one PCIe root per GPU/NIC pair
-    assert [devices[f"gpu-{i}"].attributes[NUMA_NODE] for i in range(8)] == [0] * 4 + [1] * 4
+    assert [devices[f"gpu-{i}"].attributes[NUMA_NODE] for i in range(8)] == (
+        [(0, 2)] * 4 + [(1, 3)] * 4)
 
 
 def test_dgx_h100_compute_nic_is_infiniband_with_rdma_nodes(inventory_of: Inv) -> None:
@@ -142,7 +143,7 @@ def test_mig_device_attributes_capacity_and_device_nodes(inventory_of: Inv) -> N
     assert str(a["uuid"]).startswith("MIG-") and str(a["uuid"])[4:].split("-")[2][0] == "5"
     assert str(a["parentUUID"]).startswith("GPU-")
     assert a["productName"] == "NVIDIA A100-SXM4-80GB"
-    assert a[PCI_BUS_ID] == "0000:0f:00.0" and a[NUMA_NODE] == 3
+    assert a[PCI_BUS_ID] == "0000:0f:00.0" and a[NUMA_NODE] == (3, 0, 1, 2)
     assert mig.capacity == {
         "memory": "40192Mi", "multiprocessors": "42", "copyEngines": "3", "decoders": "2",
         "encoders": "0", "jpegEngines": "0", "ofaEngines": "0",

@@ -116,3 +116,48 @@ def test_command_from_discovery_with_simulate(tmp_path):
                  "--node-name", "sim")
     assert out.exit_code == 0, out.output
     assert "FITS" in out.output
+
+
+NUMA = "resource.kubernetes.io/numaNode"
+LISTS = {"DRAListTypeAttributes": True}
+
+
+@pytest.mark.parametrize("lists", [False, True])
+def test_numa_match_on_the_simulated_h100_in_either_form(lists):
+    # SNC-2: GPUs 0-3 sit on node 0 ([0, 2]), 4-7 on node 1 ([1, 3]); both forms agree that
+    # four GPUs share a NUMA neighbourhood and five do not.
+    cfg = Config(simulate="dgx-h100", node_name="sim-h100")
+    slices = slices_from_discovery(cfg, lists)
+    values = {str(d["attributes"][NUMA]) for s in slices for d in s["spec"]["devices"]
+              if d["name"].startswith("gpu-")}
+    assert values == ({"{'ints': [0, 2]}", "{'ints': [1, 3]}"} if lists
+                      else {"{'int': 0}", "{'int': 1}"})
+    gates = LISTS if lists else None
+    for count, fits in ((4, True), (5, False)):
+        c = claim(exactly("gpu", count=count), constraints=[{"matchAttribute": NUMA}])
+        assert explain(c, CLASSES, slices, "sim-h100", feature_gates=gates).fits is fits
+
+
+def test_command_from_discovery_follows_the_list_gate(tmp_path, monkeypatch):
+    import agent.explain.sources as sources
+
+    asked = []
+    real = sources.slices_from_discovery
+
+    def spy(cfg, list_attributes=False):
+        asked.append(list_attributes)
+        return real(cfg, list_attributes)
+
+    monkeypatch.setattr(sources, "slices_from_discovery", spy)
+    c = write(tmp_path, "claim.yaml", claim(exactly("gpu", count=4),
+                                            constraints=[{"matchAttribute": NUMA}]))
+    k = write(tmp_path, "classes.yaml", *CLASSES)
+    base = ("-f", c, "--class", k, "--slices", "from-discovery", "--simulate", "dgx-h100",
+            "--node-name", "sim")
+    gate = ("--feature-gates", "DRAListTypeAttributes=true")
+    for extra in ((), gate, ("--numa-node-attribute", "scalar", *gate),
+                  ("--numa-node-attribute", "list", *gate)):
+        out = invoke(*base, *extra)
+        assert out.exit_code == 0 and "FITS" in out.output, out.output
+    # auto follows the cluster's gate, as this node's agent would publish.
+    assert asked == [False, True, False, True]

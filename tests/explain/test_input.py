@@ -10,7 +10,11 @@ from agent.explain.docs import InputError, load_text
 from agent.explain.model import parse_claim, parse_class
 from agent.explain.schema import SCHEMA
 
-SWAGGER = Path(__file__).resolve().parents[1] / "data" / "k8s-openapi" / "swagger-release-1.36.json"
+OPENAPI = Path(__file__).resolve().parents[1] / "data" / "k8s-openapi"
+SWAGGER = OPENAPI / "swagger-release-1.36.json"
+SWAGGER_137 = OPENAPI / "swagger-release-1.37.json"
+#: Fields 1.37 renamed: the table knows both names (new: old).
+RENAMED_IN_137 = {("Device", "nodeAllocatableResources"): "nodeAllocatableResourceMappings"}
 
 CLAIM = """\
 apiVersion: resource.k8s.io/v1
@@ -29,10 +33,13 @@ spec:
 
 def test_schema_table_matches_the_kubernetes_136_openapi():
     definitions = json.loads(SWAGGER.read_text())["definitions"]
+    renamed = {(t, new) for t, new in RENAMED_IN_137}
     for type_name, fields in SCHEMA.items():
         props = definitions[f"io.k8s.api.resource.v1.{type_name}"]["properties"]
-        assert set(fields) == set(props), type_name
+        assert set(fields) - {n for t, n in renamed if t == type_name} == set(props), type_name
         for name, spec in fields.items():
+            if name not in props:
+                continue  # a 1.37 name: test_renamed_fields_... checks it
             kind = props[name].get("type")
             if spec.startswith("L:"):
                 assert kind == "array", (type_name, name)
@@ -46,6 +53,39 @@ def test_schema_table_matches_the_kubernetes_136_openapi():
                     spec == "str" and ref.endswith(".Time")), (type_name, name)
             elif spec == "qty":
                 assert props[name]["$ref"].endswith(".Quantity"), (type_name, name)
+
+
+def test_renamed_fields_are_known_by_both_names_and_typed_as_137_says():
+    definitions = json.loads(SWAGGER_137.read_text())["definitions"]
+    for (type_name, new), old in RENAMED_IN_137.items():
+        props = definitions[f"io.k8s.api.resource.v1.{type_name}"]["properties"]
+        assert new in props and old not in props
+        assert SCHEMA[type_name][new] == SCHEMA[type_name][old]
+
+
+SLICE_WITH = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {{name: s}}
+spec:
+  driver: dra-agent.io
+  nodeName: node1
+  pool: {{name: node1, generation: 1, resourceSliceCount: 1}}
+  devices:
+  - name: cpu-0
+    attributes:
+      resource.kubernetes.io/numaNode: {{ints: [0, 2]}}
+    capacity: {{cpus: {{value: "8"}}}}
+    {field}:
+      cpu: {{mapping: {{capacityKey: cpus}}}}
+"""
+
+
+@pytest.mark.parametrize("field", ["nodeAllocatableResources",  # 1.37
+                                   "nodeAllocatableResourceMappings"])  # 1.36
+def test_slices_with_either_name_of_node_allocatable_resources_are_read(field):
+    (device,) = parse_slice(load_text(SLICE_WITH.format(field=field), "s.yaml")[0]).devices
+    assert device.name == "cpu-0"
 
 
 def test_unknown_field_names_the_line_and_the_known_fields():

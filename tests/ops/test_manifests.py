@@ -173,14 +173,15 @@ def test_rbac_is_exactly_what_the_agent_does(rendered: dict[str, list[Obj]]) -> 
         for r in rules for group in r["apiGroups"] for resource in r["resources"]
         for verb in r["verbs"]
     }
-    # Exactly the requests agent/slices/api.py and agent/claim/status.py send; that these are
-    # also enough is proven against a real server (tests/realk8s/test_daemonset_identity.py).
+    # Exactly the requests agent/slices/api.py, agent/claim/status.py and agent/deviceplugins.py
+    # send; that these are also enough is proven against a real server
+    # (tests/realk8s/test_daemonset_identity.py).
     slice_verbs = ["get", "list", "watch", "create", "update", "delete"]
     expected = {("resource.k8s.io", "resourceslices", v) for v in slice_verbs}
     expected |= {("resource.k8s.io", "resourceclaims", "get")}
     expected |= {("resource.k8s.io", "resourceclaims/status", "patch")}
     expected |= {("resource.k8s.io", "resourceclaims/driver", "associated-node:patch")}
-    expected |= {("", "nodes", "get")}
+    expected |= {("", "nodes", "get"), ("resource.k8s.io", "deviceclasses", "list")}
     assert granted == expected
     assert not any("nonResourceURLs" in r for r in rules)
     # The per-driver rule names our driver, and only it.

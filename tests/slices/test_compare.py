@@ -100,3 +100,22 @@ def test_changed_values_are_not_dropped_fields() -> None:
     sent = {"devices": [device(0, capacity={"m": {"value": "1024Mi"}})]}
     stored = {"devices": [device(0, capacity={"m": {"value": "1Gi"}})]}
     assert dropped_fields(sent, stored) == []
+
+
+def test_a_dropped_node_allocatable_field_names_its_gate_under_either_name() -> None:
+    for field in ("nodeAllocatableResources", "nodeAllocatableResourceMappings"):
+        sent = {"devices": [device(0, **{field: {"cpu": {"mapping": {}}}})]}
+        paths = dropped_fields(sent, {"devices": [device(0)]})
+        assert paths == [f"spec.devices[0].{field}"]
+        assert likely_gates(paths) == ["DRANodeAllocatableResources"]
+
+
+def test_list_attributes_read_back_unchanged_compare_equal() -> None:
+    numa = {"resource.kubernetes.io/numaNode": {"ints": [1, 3]}}
+    ours = {"pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+            "devices": [device(0, attributes=numa)]}
+    stored = {**ours, "devices": [device(0, attributes={k: dict(v) for k, v in numa.items()})]}
+    assert specs_equal(stored, ours)
+    scalar = {**ours, "devices": [device(0, attributes={
+        "resource.kubernetes.io/numaNode": {"int": 1}})]}
+    assert not specs_equal(scalar, ours)  # a form change is one update, then equal again

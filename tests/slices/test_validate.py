@@ -161,3 +161,20 @@ def test_check_pool_raises_with_all_problems_in_the_message() -> None:
         check_pool(DRIVER, "node1", one(devs))
     assert len(info.value.problems) == 2
     assert "pool 'node1' slice #0: spec.devices: must have at most 128" in str(info.value)
+
+
+@pytest.mark.parametrize("field", ["nodeAllocatableResources",  # 1.37's name
+                                   "nodeAllocatableResourceMappings"])  # 1.36's
+def test_node_allocatable_resources_pass_under_either_name(field: str) -> None:
+    mapping = {"cpu": {"mapping": {"capacityKey": "memory"}}}
+    assert problems(one([device(0, **{field: mapping})])) == []
+
+
+def test_numa_node_list_form_counts_its_values_and_lowers_the_slice_limit() -> None:
+    numa = {"resource.kubernetes.io/numaNode": {"ints": [0, 2]}}
+    listed = [device(i, attributes={**device(i)["attributes"], **numa}) for i in range(65)]
+    (problem,) = problems(one(listed))
+    assert "at most 64" in problem.message and "list attributes" in problem.message
+    assert problems(one(listed[:64])) == []
+    empty = device(0, attributes={"resource.kubernetes.io/numaNode": {"ints": []}})
+    assert [p.message for p in problems(one([empty]))] == ["ints must not be empty"]

@@ -26,6 +26,9 @@ DEFAULT_FEATURE_GATES: dict[str, bool] = {
     "DRAListTypeAttributes": False,
     "DRANodeAllocatableResources": False,
 }
+#: The gate's Device field: 1.36 named it nodeAllocatableResourceMappings, 1.37
+#: nodeAllocatableResources.
+NODE_ALLOCATABLE_FIELDS = ("nodeAllocatableResourceMappings", "nodeAllocatableResources")
 MAX_RESERVED_FOR = 256
 MAX_REQUESTS = 32
 MAX_SELECTORS = 32
@@ -71,7 +74,7 @@ def _device_uses(spec: Obj | None, gate: str) -> bool:
             for a in (d.get("attributes") or {}).values()
         )
     if gate == "DRANodeAllocatableResources":
-        return any(d.get("nodeAllocatableResourceMappings") for d in devices)
+        return any(d.get(f) for d in devices for f in NODE_ALLOCATABLE_FIELDS)
     return False
 
 
@@ -99,7 +102,8 @@ def drop_disabled_slice_fields(spec: Obj, old: Obj | None, gates: Mapping[str, b
             for f in ("bindsToNode", "bindingConditions", "bindingFailureConditions"):
                 dev.pop(f, None)
         if off("DRANodeAllocatableResources"):
-            dev.pop("nodeAllocatableResourceMappings", None)
+            for f in NODE_ALLOCATABLE_FIELDS:
+                dev.pop(f, None)
         if off("DRAListTypeAttributes"):
             for attr in (dev.get("attributes") or {}).values():
                 for f in ("ints", "bools", "strings", "versions"):
