@@ -56,6 +56,8 @@ class RunOptions:
     boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
     #: Device health monitoring (taints + the kubelet's health stream); None switches it off.
     health: HealthOptions | None = field(default_factory=HealthOptions)
+    #: Device metadata files for workloads (``agent.prepare.metadata``).
+    device_metadata: bool = True
     #: Start even where a device plugin advertises what our DeviceClasses map to our devices.
     allow_device_plugin_overlap: bool = False
 
@@ -331,6 +333,7 @@ class Daemon:
             rolling_update=self.options.rolling_update,
             registration_timeout_s=self.options.registration_timeout_s,
             boot_id_path=self.options.boot_id_path,
+            device_metadata=self.options.device_metadata,
         )
         try:
             # Crash tests only: DRA_AGENT_FAILPOINTS makes the agent die at chosen steps.

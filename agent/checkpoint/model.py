@@ -40,6 +40,7 @@ from enum import StrEnum
 from typing import Any
 
 from agent.claim.model import name_problem, uid_problem
+from agent.common.k8snames import dns_label_problem
 
 SCHEMA_VERSION = 1
 
@@ -119,6 +120,37 @@ class PreparedDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class MetadataRecord:
+    """The device metadata files written for a claim (``agent.prepare.metadata``).
+
+    Only names are kept, never paths: the files' paths follow from the claim's namespace and
+    name and these base request names, inside the plugin directory, so an edited checkpoint
+    cannot point a removal anywhere else. ``pod_claim_name`` (the claim's
+    ``resource.kubernetes.io/pod-claim-name`` annotation) is kept because the container path
+    depends on it and a rebuild after a reboot has no API object to read it from.
+    """
+
+    requests: tuple[str, ...]
+    pod_claim_name: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"requests": list(self.requests)}
+        if self.pod_claim_name is not None:
+            out["podClaimName"] = self.pod_claim_name
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any, uid: str) -> MetadataRecord:
+        obj = _mapping(data, f"claim {uid} deviceMetadata")
+        requests = _str_tuple(obj, "requests")
+        pod_claim_name = _opt_str(obj, "podClaimName")
+        for name in (*requests, *([pod_claim_name] if pod_claim_name else [])):
+            if (why := dns_label_problem(name)) is not None:
+                raise ValueError(f"claim {uid}: deviceMetadata name {name!a} {why}")
+        return cls(requests=requests, pod_claim_name=pod_claim_name)
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimRecord:
     """What was done for one claim; the key the kubelet uses is ``uid``."""
 
@@ -140,6 +172,9 @@ class ClaimRecord:
     #: configs, API form) when it was prepared: enough to rewrite a lost CDI spec without the
     #: API server. None in records written before it was kept.
     allocation: Mapping[str, Any] | None = None
+    #: Device metadata files written for the claim; None when none were (the feature off, or
+    #: a record written before it existed: such a claim is rebuilt without them).
+    metadata: MetadataRecord | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -168,6 +203,8 @@ class ClaimRecord:
             out["recovered"] = True
         if self.allocation is not None:
             out["allocation"] = dict(self.allocation)
+        if self.metadata is not None:
+            out["deviceMetadata"] = self.metadata.to_json()
         return out
 
     @classmethod
@@ -175,7 +212,7 @@ class ClaimRecord:
         obj = _mapping(data, f"claim {uid}")
         known = {
             "uid", "namespace", "name", "state", "devices", "cdiAnnotations", "specPath",
-            "bootID", "updated", "recovered", "allocation",
+            "bootID", "updated", "recovered", "allocation", "deviceMetadata",
         }
         state_text = _str(obj, "state")
         try:
@@ -216,6 +253,8 @@ class ClaimRecord:
             updated=_opt_str(obj, "updated") or "",
             recovered=recovered,
             allocation=allocation,
+            metadata=None if obj.get("deviceMetadata") is None
+            else MetadataRecord.from_json(obj["deviceMetadata"], uid),
             extra={k: v for k, v in obj.items() if k not in known},
         )
 

@@ -93,12 +93,19 @@ class OpaqueConfig:
         return result.request in self.requests or result.base_request in self.requests
 
 
+#: Set by the resource claim controller on a claim it made from a template: the pod's entry
+#: (``pod.spec.resourceClaims[].name``) the claim was generated for.
+POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     ref: ClaimRef
     allocated: bool
     results: tuple[AllocatedDevice, ...] = ()
     configs: tuple[OpaqueConfig, ...] = ()
+    #: The ``POD_CLAIM_NAME_ANNOTATION`` value; None when the claim has none.
+    pod_claim_name: str | None = None
 
     def results_for(self, driver: str) -> tuple[AllocatedDevice, ...]:
         return tuple(r for r in self.results if r.driver == driver)
@@ -187,13 +194,20 @@ def parse_claim(obj: Any, expected: ClaimRef | None = None) -> Claim:
             "the claim was deleted and re-created, so the pod must be re-created too",
         )
     label = str(expected or ref)
+    annotations = _get_mapping(meta, "annotations", label, "metadata") or {}
+    pod_claim_name = annotations.get(POD_CLAIM_NAME_ANNOTATION)
+    if pod_claim_name is not None and not (isinstance(pod_claim_name, str)
+                                           and encodes(pod_claim_name)):
+        raise ClaimError(label, f"metadata.annotations[{POD_CLAIM_NAME_ANNOTATION}] is not a "
+                                "string")
     status = _get_mapping(obj, "status", label, "") or {}
     allocation = _get_mapping(status, "allocation", label, "status")
     if not allocation:
-        return Claim(ref=ref, allocated=False)
+        return Claim(ref=ref, allocated=False, pod_claim_name=pod_claim_name)
     devices = _get_mapping(allocation, "devices", label, "status.allocation") or {}
     results, configs = parse_devices(devices, label)
-    return Claim(ref=ref, allocated=True, results=results, configs=configs)
+    return Claim(ref=ref, allocated=True, results=results, configs=configs,
+                 pod_claim_name=pod_claim_name)
 
 
 def parse_devices(

@@ -77,6 +77,10 @@ def _health_options(kwargs: dict[str, Any]) -> HealthOptions | None:
               show_envvar=True,
               help="KIND=EFFECT overrides, e.g. xid=NoExecute,unmonitored=off "
                    "(kinds: xid, ecc, gpu-lost, link-down, unmonitored).")
+@click.option("--device-metadata/--no-device-metadata", default=True, show_default=True,
+              envvar="DRA_AGENT_DEVICE_METADATA", show_envvar=True,
+              help="Give each container the metadata file of its requests' devices "
+                   "(/var/run/kubernetes.io/dra-device-attributes/..., KEP-5304).")
 @click.option("--node-address", "node_addresses", multiple=True,
               envvar="DRA_AGENT_NODE_ADDRESS", show_envvar=True,
               help="A node address whose NIC is never offered (repeatable).")
@@ -106,6 +110,7 @@ def command(**kwargs: Any) -> None:
         node_addresses=kwargs["node_addresses"], driver_root=Path(kwargs["driver_root"]),
         host_driver_root=Path(kwargs["host_driver_root"]),
         boot_id_path=Path(kwargs["boot_id_file"]), health=health,
+        device_metadata=kwargs["device_metadata"],
         allow_device_plugin_overlap=kwargs["allow_device_plugin_overlap"],
     ))
 

@@ -37,6 +37,9 @@ from agent.plugin.sockets import (
     socket_paths,
 )
 from agent.prepare.cdispecs import CDIClaimSpecs, DeviceEdits
+from agent.prepare.claimmetadata import ClaimMetadata
+from agent.prepare.metadata import HOST_SUBDIR
+from agent.prepare.metadatafiles import HostMetadataFiles
 from agent.prepare.recovery import recover
 from agent.prepare.state import DevicePreparer
 from discovery.model import Inventory
@@ -66,6 +69,11 @@ class PluginOptions:
     #: Threads for prepare/unprepare calls; health streams get their own on top
     #: (``agent.plugin.limits``).
     max_workers: int = 16
+    #: Write a device metadata file per request and mount it into the containers
+    #: (``agent.prepare.metadata``). On by default, where the upstream helper's
+    #: ``EnableDeviceMetadata`` option is off unless a driver enables it: the file holds only
+    #: what the ResourceSlice publishes, and 1.35's runtimes apply the mount like any other.
+    device_metadata: bool = True
 
     @property
     def pool(self) -> str:
@@ -95,10 +103,17 @@ class PluginServer:
         )
         self.checkpoint = CheckpointStore(self.paths.plugin_dir / "checkpoint.json", self.metrics)
         self.specs = CDIClaimSpecs(options.cdi_dir, options.driver_name, edits)
+        # Always given the files, also when switched off: unprepare removes what a run with
+        # the feature on wrote.
+        metadata = ClaimMetadata(
+            options.driver_name, HostMetadataFiles(self.paths.plugin_dir / HOST_SUBDIR),
+            enabled=options.device_metadata,
+        )
         self.preparer = DevicePreparer(
             driver=options.driver_name, pool=options.pool, node_name=options.node_name,
             checkpoint=self.checkpoint, specs=self.specs, inventory=inventory_provider,
             boot_id=read_boot_id(options.boot_id_path), metrics=self.metrics,
+            metadata=metadata,
         )
         self.framework = PluginFramework(
             options.driver_name,

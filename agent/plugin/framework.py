@@ -367,7 +367,7 @@ class PluginFramework:
             # No check of the UID here: whatever it is, the preparer succeeds when it never
             # prepared it, and the kubelet keeps a pod terminating until unprepare succeeds.
             with self._claim_lock(ref.uid):
-                self.preparer.unprepare(ref.uid)
+                self.preparer.unprepare(ref.uid, ref)
             self._reported.discard(ref.uid)
             hit(self.failpoints, Point.UNPREPARE_BEFORE_ANSWER, ref.uid)
         except ClaimError as err:

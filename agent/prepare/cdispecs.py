@@ -4,8 +4,9 @@
 * device names ``<claimUID>-<device>`` (unique per claim, so two claims never define the same
   qualified name, which would make both unusable);
 * each device's edits are its hardware edits (``DeviceEdits``, e.g. ``cdi.edits.EditsProvider``)
-  plus env describing it; a NIC's netdev moves into the pod only when the claim's opaque config
-  asks for it (``SpecDevice.move_netdev``);
+  plus env describing it and the bind mounts of the claim's device metadata files (on the
+  first device of each request, ``agent.prepare.metadata``); a NIC's netdev moves into the
+  pod only when the claim's opaque config asks for it (``SpecDevice.move_netdev``);
 * the spec-level edits are what every container using any device of the claim needs once: the
   provider's common edits (NVIDIA control nodes, driver libraries and hooks, ``/dev/vfio/vfio``,
   ``rdma_cm``), when it has any (``CommonEdits``), plus the claim-level env;
@@ -136,7 +137,8 @@ class CDIClaimSpecs:
                 item.device, interface_name=item.interface_name, move_netdev=item.move_netdev
             )
             # A node both lists (e.g. /dev/kfd) is injected once, from the spec-level edits.
-            edits = hardware.without(common).merge(ContainerEdits(env=item.env))
+            edits = hardware.without(common).merge(
+                ContainerEdits(env=item.env, mounts=item.mounts))
             # Every variable of the agent's own (the claim's, and guards such as
             # NVIDIA_VISIBLE_DEVICES=void) comes last in each device's edits: CDI applies
             # device edits after spec-level ones and a later name replaces an earlier one, so

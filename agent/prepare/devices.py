@@ -1,4 +1,5 @@
-"""One device of a claim as the preparation sees it, and the NIC rules that apply per device.
+"""One device of a claim as the preparation sees it: its env, its identity in the record, and
+the NIC rules that apply per device.
 
 A NIC's host interface moves into the pod only when the claim's opaque config asks for it
 (``netdev.move``); then the device must have an interface, and no two moved interfaces of one
@@ -8,13 +9,16 @@ reported prepared).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from agent.checkpoint.model import PreparedDevice
 from agent.claim.model import AllocatedDevice, ClaimRef
 from agent.claim.opaque import DeviceConfig
 from agent.claim.status import NicStatus
 from agent.prepare.errors import BadConfigError
+from cdi.spec import Mount
 from discovery.model import Device, DeviceType
 
 #: Device types whose host network interface a claim may move into the pod.
@@ -26,13 +30,15 @@ class SpecDevice:
     """One device of a claim's CDI spec: the inventory device plus the env describing it.
 
     ``move_netdev``: the claim's opaque config moves the device's host interface into the pod,
-    named ``interface_name`` there (None: its host name).
+    named ``interface_name`` there (None: its host name). ``mounts``: bind mounts of the
+    claim's own files (its device metadata, ``agent.prepare.metadata``).
     """
 
     device: Device
     env: tuple[str, ...]
     move_netdev: bool = False
     interface_name: str | None = None
+    mounts: tuple[Mount, ...] = ()
 
     @property
     def pod_interface(self) -> str | None:
@@ -57,6 +63,25 @@ def spec_device(
         )
     return SpecDevice(device=device, env=env, move_netdev=True,
                       interface_name=config.pod_interface_name)  # fmt: skip
+
+
+def env_key(device_name: str) -> str:
+    return re.sub(r"[^A-Z0-9]", "_", device_name.upper())
+
+
+def device_env(result: AllocatedDevice, device: Device, config: DeviceConfig) -> tuple[str, ...]:
+    """The env describing one device of a claim in its containers."""
+    key = f"DRA_AGENT_DEVICE_{env_key(device.name)}"
+    # The configs' env first, the agent's after it (its values win on a shared name).
+    env = [f"{k}={v}" for k, v in config.env.items()]
+    env += [f"{key}={result.pool}/{device.name}", f"{key}_REQUEST={result.base_request}"]
+    if device.host.pci_address:
+        env.append(f"{key}_PCI_ADDRESS={device.host.pci_address}")
+    if result.admin_access:
+        env.append(f"{key}_ADMIN_ACCESS=true")
+    if result.share_id:
+        env.append(f"{key}_SHARE_ID={result.share_id}")
+    return tuple(env)
 
 
 def check_pod_interfaces(ref: ClaimRef, devices: Sequence[SpecDevice]) -> None:
@@ -84,3 +109,21 @@ def nic_status(result: AllocatedDevice, item: SpecDevice) -> NicStatus:
         interface_name=item.pod_interface or item.device.host.if_name,
         hardware_address=mac if isinstance(mac, str) else None,
     )  # fmt: skip
+
+
+def identified(
+    devices: Sequence[PreparedDevice], pool: str, inventory: dict[str, Device]
+) -> tuple[PreparedDevice, ...]:
+    """``devices`` carrying the identity of the hardware they are prepared on now.
+
+    Called wherever a spec is (re)written from ``inventory``: after a reboot the device of a
+    name may be another card (a swapped GPU keeps its PCI slot, so its name), and the record
+    must name what the container gets. A device not in the inventory keeps what it had.
+    """
+    out = []
+    for held in devices:
+        found = inventory.get(held.device) if held.pool == pool else None
+        out.append(held if found is None else replace(
+            held, uuid=found.host.uuid, if_name=found.host.if_name,
+            pci_address=found.host.pci_address))
+    return tuple(out)

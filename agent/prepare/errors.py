@@ -23,3 +23,7 @@ class SpecWriteError(ClaimError):
 
 class CheckpointUnavailableError(ClaimError):
     reason = "checkpoint"
+
+
+class DeviceMetadataError(ClaimError):
+    reason = "device_metadata"

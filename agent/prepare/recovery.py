@@ -1,18 +1,20 @@
 """Start-up recovery: finish what a crash or a reboot interrupted, before the plugin serves.
 
 Rolls back prepares that never completed, removes (or, after a corrupt checkpoint, adopts) spec
-files no record explains, and rebuilds the CDI spec of every completed claim whose spec is
-lost or from another boot, so running pods' containers restart with their devices.
+files no record explains, removes device metadata files no record explains (kept after a
+corrupt checkpoint), and rebuilds the CDI spec and metadata files of every completed claim
+whose spec or file is lost or from another boot, so running pods' containers restart with
+their devices.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from agent.checkpoint.model import ClaimRecord, ClaimState, PreparedDevice
 from agent.claim.model import ClaimError, ClaimRef
-from agent.prepare.state import DevicePreparer, identified, now, put_record
+from agent.prepare.state import DevicePreparer, now, put_record
 from discovery.model import Device
 
 log = logging.getLogger(__name__)
@@ -23,6 +25,8 @@ class RecoveryReport:
     rolled_back: tuple[str, ...] = ()
     orphans_removed: tuple[str, ...] = ()
     adopted: tuple[str, ...] = ()
+    #: ``<namespace>_<name>/<request>`` of device metadata files no record explained.
+    metadata_removed: tuple[str, ...] = ()
     #: Completed claims whose stale or lost spec was written again from the checkpoint.
     rebuilt: tuple[str, ...] = ()
     #: Claims whose spec could not be rebuilt (a device gone, ...): claim UID -> reason.
@@ -46,6 +50,7 @@ def recover(preparer: DevicePreparer) -> RecoveryReport:
     orphans = [u for u in on_disk if u not in records]
     for uid in rolled_back:
         preparer.specs.remove(uid)
+        preparer.metadata.remove(records[uid])
     adopted: dict[str, ClaimRecord] = {}
     if corrupt:
         for uid in orphans:
@@ -69,21 +74,25 @@ def recover(preparer: DevicePreparer) -> RecoveryReport:
         claims.update(adopted)
 
     preparer.checkpoint.update(change)
+    # After the roll-back: the files of a PrepareStarted record are orphans now.
+    swept = () if corrupt else preparer.metadata.sweep(preparer.checkpoint.claims())
     rebuilt, not_rebuilt = _rebuild_specs(preparer)
     report = RecoveryReport(
         rolled_back=tuple(rolled_back),
         orphans_removed=() if corrupt else tuple(orphans),
         adopted=tuple(adopted),
+        metadata_removed=swept,
         rebuilt=rebuilt,
         not_rebuilt=not_rebuilt,
     )
-    if rolled_back or orphans:
+    if rolled_back or orphans or swept:
         log.warning(
             "recovered from an interrupted run",
             extra={
                 "rolled_back": ",".join(report.rolled_back),
                 "orphans_removed": ",".join(report.orphans_removed),
                 "adopted": ",".join(report.adopted),
+                "metadata_removed": ",".join(swept),
             },
         )
     preparer.update_gauges()
@@ -127,11 +136,8 @@ def _rebuild_specs(
                 preparer.metrics.spec_rebuild_errors.labels("inventory").inc()
                 return tuple(rebuilt), ((uid, "inventory"),)
         try:
-            devices = [preparer.spec_device(claim, r, inventory)
-                       for r in claim.results_for(preparer.driver)]
-            preparer.write_spec(ref, devices)
-            fresh = replace(record, boot_id=preparer.boot_id, updated=now(),
-                            devices=identified(record.devices, preparer.pool, inventory))
+            results = claim.results_for(preparer.driver)
+            fresh = preparer.rewrite(claim, record, results, inventory)
             preparer.store(ref, put_record(fresh))
         except ClaimError as err:
             failed.append((uid, err.reason))
@@ -144,5 +150,6 @@ def _rebuild_specs(
         rebuilt.append(uid)
         preparer.metrics.specs_rebuilt.inc()
         log.info("rebuilt CDI spec of a prepared claim at start-up",
-                 extra={"claim": uid, "devices": len(devices)})
+                 extra={"claim": uid, "devices": len(results),
+                        "device_metadata": len(fresh.metadata.requests) if fresh.metadata else 0})
     return tuple(rebuilt), tuple(failed)

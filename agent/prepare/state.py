@@ -6,7 +6,8 @@ answers with the devices to hand to the kubelet. It owns three facts:
 * which devices exist (the inventory, asked on each call: hotplug may change it);
 * which devices are prepared for which claim (the checkpoint, read-modify-written under its
   lock, so "is this device free?" and "it is mine now" happen atomically across claims);
-* the CDI spec of each claim (``ClaimSpecs``).
+* the CDI spec of each claim (``ClaimSpecs``), and its device metadata files
+  (``ClaimMetadata``), which follow the spec through every step.
 
 The framework serialises calls per claim; calls for different claims run in parallel here.
 Start-up recovery, which builds on the same steps, is ``agent.prepare.recovery``.
@@ -15,7 +16,6 @@ Start-up recovery, which builds on the same steps, is ``agent.prepare.recovery``
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -33,15 +33,18 @@ from agent.claim.model import (
     parse_devices,
     uid_problem,
 )
-from agent.claim.opaque import ConfigDecodeError, DeviceConfig, merge_configs
+from agent.claim.opaque import ConfigDecodeError, merge_configs
 from agent.claim.status import NicStatus
 from agent.common.failpoints import Failpoints, Point, hit
 from agent.common.metrics import ClaimDevice, Metrics
 from agent.prepare.cdispecs import ClaimSpecs
+from agent.prepare.claimmetadata import ClaimMetadata
 from agent.prepare.devices import (
     NETDEV_TYPES,
     SpecDevice,
     check_pod_interfaces,
+    device_env,
+    identified,
     nic_status,
     spec_device,
 )
@@ -67,28 +70,6 @@ def put_record(record: ClaimRecord) -> Callable[[dict[str, ClaimRecord]], None]:
     return lambda claims: claims.__setitem__(record.uid, record)
 
 
-def identified(
-    devices: Sequence[PreparedDevice], pool: str, inventory: dict[str, Device]
-) -> tuple[PreparedDevice, ...]:
-    """``devices`` carrying the identity of the hardware they are prepared on now.
-
-    Called wherever a spec is (re)written from ``inventory``: after a reboot the device of a
-    name may be another card (a swapped GPU keeps its PCI slot, so its name), and the record
-    must name what the container gets. A device not in the inventory keeps what it had.
-    """
-    out = []
-    for held in devices:
-        found = inventory.get(held.device) if held.pool == pool else None
-        out.append(held if found is None else replace(
-            held, uuid=found.host.uuid, if_name=found.host.if_name,
-            pci_address=found.host.pci_address))
-    return tuple(out)
-
-
-def env_key(device_name: str) -> str:
-    return re.sub(r"[^A-Z0-9]", "_", device_name.upper())
-
-
 class DevicePreparer:
     def __init__(
         self,
@@ -102,6 +83,7 @@ class DevicePreparer:
         boot_id: str,
         metrics: Metrics | None = None,
         failpoints: Failpoints | None = None,
+        metadata: ClaimMetadata | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -113,6 +95,7 @@ class DevicePreparer:
         self.metrics = metrics or Metrics()
         #: Crash-test hooks (``agent.common.failpoints``); None in normal operation.
         self.failpoints = failpoints
+        self.metadata = metadata or ClaimMetadata(driver, None, enabled=False)
 
     # -- prepare --------------------------------------------------------------------------
 
@@ -127,6 +110,7 @@ class DevicePreparer:
         inventory = self.inventory().by_name()
         spec_devices = [self.spec_device(claim, r, inventory) for r in results]
         check_pod_interfaces(ref, spec_devices)
+        files, spec_devices, metadata = self.metadata.plan(claim, results, spec_devices)
         prepared = identified([self._prepared(ref, r) for r in results], self.pool, inventory)
         spec_path = str(self.specs.path(ref.uid))
         cdi_ids = [i for d in prepared for i in d.cdi_ids]
@@ -135,21 +119,25 @@ class DevicePreparer:
             state=ClaimState.PREPARE_STARTED, devices=prepared,
             cdi_annotations=self.specs.annotations(ref.uid, cdi_ids) if cdi_ids else {},
             spec_path=spec_path, boot_id=self.boot_id, updated=now(),
-            allocation=allocation_json(claim, self.driver),
+            allocation=allocation_json(claim, self.driver), metadata=metadata,
         )
 
         def start(claims: dict[str, ClaimRecord]) -> None:
             self._check_free(ref, results, claims)
+            if metadata is not None:
+                self.metadata.check_unshared(ref, claims)
             claims[ref.uid] = record
 
         # The PrepareStarted record reserves the devices at once (atomically with the check
         # above) but is not fsynced on its own: until PrepareCompleted is durable, the only
         # thing on disk is the claim's CDI spec, named by its UID, and start-up removes a spec
         # that no completed record explains. That is the same roll-back, one durable write
-        # cheaper. A preparation with host side effects beyond the spec must make it durable.
+        # cheaper. A preparation with host side effects beyond the spec must make it durable,
+        # or be found the same way: start-up removes metadata files no record lists too.
         self.store(ref, start, durable=False)
         try:
             hit(self.failpoints, Point.PREPARE_AFTER_STARTED, ref.uid)
+            self.metadata.write(ref, files)  # first: the spec's mounts name these files
             if spec_devices:
                 self.write_spec(ref, spec_devices)
             hit(self.failpoints, Point.PREPARE_AFTER_SPEC_WRITTEN, ref.uid)
@@ -157,7 +145,7 @@ class DevicePreparer:
             self.store(ref, lambda claims: claims.__setitem__(ref.uid, done))
             hit(self.failpoints, Point.PREPARE_AFTER_COMPLETED, ref.uid)
         except BaseException:
-            self._rollback(ref.uid)
+            self._rollback(record)
             raise
         self.update_gauges()
         return done
@@ -193,16 +181,20 @@ class DevicePreparer:
             results, configs = parse_devices(record.allocation, str(ref))
         except ClaimError:
             return None  # cannot happen for what we wrote; the API object is the fallback
-        return Claim(ref=ref, allocated=True, results=results, configs=configs)
+        pod_claim_name = record.metadata.pod_claim_name if record.metadata else None
+        return Claim(ref=ref, allocated=True, results=results, configs=configs,
+                     pod_claim_name=pod_claim_name)
 
     def spec_stale(self, existing: ClaimRecord) -> bool:
-        """The spec is missing, or the node rebooted since it was written.
+        """The spec or a metadata file is missing, or the node rebooted since they were
+        written.
 
         ``/var/run/cdi`` is tmpfs, and every existing driver once answered with CDI IDs whose
         spec was gone.
         """
         spec_missing = bool(existing.devices) and not Path(existing.spec_path).exists()
-        return spec_missing or existing.boot_id != self.boot_id
+        return (spec_missing or existing.boot_id != self.boot_id
+                or self.metadata.missing(existing))
 
     def _repeat(
         self, claim: Claim, existing: ClaimRecord, results: Sequence[AllocatedDevice]
@@ -212,22 +204,37 @@ class DevicePreparer:
         if not self.spec_stale(existing):
             return existing
         spec_missing = bool(existing.devices) and not Path(existing.spec_path).exists()
-        devices = existing.devices
+        fresh = existing
         if existing.devices:
-            inventory = self.inventory().by_name()
-            self.write_spec(ref, [self.spec_device(claim, r, inventory) for r in results])
-            devices = identified(devices, self.pool, inventory)
-        fresh = replace(
-            existing, boot_id=self.boot_id, updated=now(), devices=devices,
-            allocation=allocation_json(claim, self.driver),
-        )
+            fresh = self.rewrite(claim, existing, results, self.inventory().by_name())
+        fresh = replace(fresh, boot_id=self.boot_id, updated=now(),
+                        allocation=allocation_json(claim, self.driver))
         self.store(ref, lambda claims: claims.__setitem__(ref.uid, fresh))
         self.update_gauges()
         log.info(
             "rewrote CDI spec of a prepared claim",
-            extra={"claim": ref.uid, "reason": "missing" if spec_missing else "reboot"},
+            extra={"claim": ref.uid, "reason": "missing" if spec_missing else "reboot",
+                   "device_metadata": len(fresh.metadata.requests) if fresh.metadata else 0},
         )
         return fresh
+
+    def rewrite(
+        self, claim: Claim, record: ClaimRecord, results: Sequence[AllocatedDevice],
+        inventory: dict[str, Device],
+    ) -> ClaimRecord:
+        """Write a prepared claim's metadata files and spec again from ``inventory``; the
+        record as it is then (not stored). A claim prepared without metadata files stays so;
+        with the feature switched off since, its files go."""
+        devices = [self.spec_device(claim, r, inventory) for r in results]
+        files, devices, metadata = self.metadata.plan(
+            claim, results, devices, wanted=record.metadata is not None)
+        self.metadata.write(claim.ref, files)
+        if devices:
+            self.write_spec(claim.ref, devices)
+        if metadata is None and record.metadata is not None:
+            self.metadata.remove(record)
+        return replace(record, boot_id=self.boot_id, updated=now(), metadata=metadata,
+                       devices=identified(record.devices, self.pool, inventory))
 
     def spec_device(
         self, claim: Claim, result: AllocatedDevice, inventory: dict[str, Device]
@@ -251,7 +258,7 @@ class DevicePreparer:
             raise BadConfigError(
                 str(ref), f"opaque config for request {result.base_request}: {err}"
             ) from err
-        env = self._device_env(result, device, config)
+        env = device_env(result, device, config)
         return spec_device(ref, result, device, env, config)
 
     def network_status(self, claim: Claim) -> list[NicStatus]:
@@ -263,21 +270,6 @@ class DevicePreparer:
             if device is not None and device.type in NETDEV_TYPES:
                 out.append(nic_status(result, self.spec_device(claim, result, inventory)))
         return out
-
-    def _device_env(
-        self, result: AllocatedDevice, device: Device, config: DeviceConfig
-    ) -> tuple[str, ...]:
-        key = f"DRA_AGENT_DEVICE_{env_key(device.name)}"
-        # The configs' env first, the agent's after it (its values win on a shared name).
-        env = [f"{k}={v}" for k, v in config.env.items()]
-        env += [f"{key}={result.pool}/{device.name}", f"{key}_REQUEST={result.base_request}"]
-        if device.host.pci_address:
-            env.append(f"{key}_PCI_ADDRESS={device.host.pci_address}")
-        if result.admin_access:
-            env.append(f"{key}_ADMIN_ACCESS=true")
-        if result.share_id:
-            env.append(f"{key}_SHARE_ID={result.share_id}")
-        return tuple(env)
 
     def _prepared(self, ref: ClaimRef, result: AllocatedDevice) -> PreparedDevice:
         return PreparedDevice(
@@ -341,29 +333,39 @@ class DevicePreparer:
         except CheckpointWriteError as err:
             raise CheckpointUnavailableError(str(ref), str(err)) from err
 
-    def _rollback(self, uid: str) -> None:
-        """Undo a failed prepare. If the spec cannot be removed, the PrepareStarted record
-        stays, so the next prepare or the next start-up finishes the job."""
+    def _rollback(self, record: ClaimRecord) -> None:
+        """Undo a failed prepare. If the spec or a metadata file cannot be removed, the
+        PrepareStarted record stays, so the next prepare or the next start-up finishes it."""
+        uid = record.uid
         try:
             self.specs.remove(uid)
+            self.metadata.remove(record)
             self.checkpoint.update(lambda claims: claims.pop(uid, None))
         except Exception:  # the original error matters more than this one
             log.exception("rollback of a failed prepare failed", extra={"claim": uid})
 
     # -- unprepare ------------------------------------------------------------------------
 
-    def unprepare(self, uid: str) -> None:
+    def unprepare(self, uid: str, ref: ClaimRef | None = None) -> None:
         """Undo a prepare. Unknown claims succeed: the spec name derives from the UID alone.
 
         The kubelet also unprepares claims whose prepare failed, and an error keeps their pod
         terminating for ever. A UID that prepare refuses (``uid_problem``) never got a spec, so
         no path is built from it: only a checkpoint record of that key, if any, goes.
+        Metadata files go by the record's names; with none recorded (a record adopted from a
+        spec after a corrupt checkpoint, or none at all), by the kubelet's ``ref``.
         """
         hit(self.failpoints, Point.UNPREPARE_AFTER_STARTED, uid)
+        claims = self.checkpoint.claims()
+        record = claims.get(uid)
         if uid_problem(uid) is None:
             self.specs.remove(uid)
-        elif uid not in self.checkpoint.claims():
+        elif record is None:
             return
+        if record is not None and record.metadata is not None:
+            self.metadata.remove(record)
+        elif ref is not None and ref.uid == uid:
+            self.metadata.remove_unrecorded(ref, claims)
         hit(self.failpoints, Point.UNPREPARE_AFTER_SPEC_REMOVED, uid)
         self.checkpoint.update(lambda claims: claims.pop(uid, None))
         hit(self.failpoints, Point.UNPREPARE_AFTER_COMPLETED, uid)

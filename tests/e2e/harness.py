@@ -36,6 +36,8 @@ DRIVER = "dra-agent.io"
 NODE = "node-e2e"
 CDI_VENDOR = f"k8s.{DRIVER}"
 SPEC_PREFIX = f"{CDI_VENDOR}-claim_"
+#: Device metadata files (``agent.prepare.metadata.HOST_SUBDIR``) in the plugin dir.
+METADATA_DIR = "dra-device-metadata"
 GPU_CLASS = f"gpu.{DRIVER}"
 NIC_CLASS = f"nic.{DRIVER}"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
@@ -123,11 +125,24 @@ class NodeDirs:
         return claims
 
     def plugin_leftovers(self) -> list[str]:
-        """Files in the plugin dir that are neither the checkpoint, its locks, nor sockets."""
+        """Files in the plugin dir that are neither the checkpoint, its locks, sockets, nor
+        device metadata files (under ``dra-device-metadata``, whose own strays count)."""
         if not self.plugin.is_dir():
             return []
         keep = ("checkpoint.json", ".lock", ".sock", ".corrupt-")
-        return sorted(n for n in os.listdir(self.plugin) if not any(k in n for k in keep))
+        out = [n for n in os.listdir(self.plugin)
+               if n != METADATA_DIR and not any(k in n for k in keep)]
+        metadata = self.plugin / METADATA_DIR
+        if metadata.is_dir():
+            out += [str(p.relative_to(self.plugin)) for p in metadata.rglob("*")
+                    if not p.is_dir() and p.name != "metadata.json"]
+        return sorted(out)
+
+    def metadata_files(self) -> list[str]:
+        """``<namespace>_<claim>/<request>`` of each device metadata file."""
+        metadata = self.plugin / METADATA_DIR
+        return sorted(str(p.parent.relative_to(metadata))
+                      for p in metadata.rglob("metadata.json")) if metadata.is_dir() else []
 
     def set_boot_id(self, boot_id: str) -> None:
         self.boot_id.write_text(boot_id + "\n")
@@ -397,13 +412,19 @@ def assert_prepared(dirs: NodeDirs, *claims: Mapping[str, Any]) -> None:
         assert sorted((d["device"], tuple(d["requests"]), tuple(d["cdiDeviceIDs"]))
                       for d in rec["devices"]) == sorted(
             (d, (r,), (expected_cdi_id(uid, d),)) for d, r in want.items())
+    # One device metadata file per request of ours (the agent's default --device-metadata).
+    assert dirs.metadata_files() == sorted({
+        f"{c['metadata']['namespace']}_{c['metadata']['name']}/{r['request'].split('/')[0]}"
+        for c in claims for r in c["status"]["allocation"]["devices"]["results"]
+        if r["driver"] == DRIVER})
     assert dirs.plugin_leftovers() == []
 
 
 def assert_nothing_left(dirs: NodeDirs) -> None:
-    """No spec file, no temp file, no checkpoint record."""
+    """No spec file, no temp file, no checkpoint record, no device metadata file."""
     assert dirs.cdi_files() == []
     assert dirs.records() == {}
+    assert dirs.metadata_files() == []
     assert dirs.plugin_leftovers() == []
 
 

@@ -93,10 +93,11 @@ def test_full_cdi_disk_fails_the_claim_without_a_partial_file(
     dirs: NodeDirs, cluster: Cluster, start_agent: StartAgent, kubelet: KubeletStandIn
 ) -> None:
     # The agent gets its own mount namespace (a user namespace too, so no privilege is
-    # needed) with a 16 KiB tmpfs on its CDI dir, three pages of it already taken: a spec
-    # bigger than the page left runs out of space half-way through its write.
+    # needed) with a 32 KiB tmpfs on its CDI dir, seven pages of it already taken: a spec
+    # bigger than the page left runs out of space half-way through its write. (32 KiB, not 16:
+    # the claim's 16 requests each add a device metadata mount to the spec.)
     dirs.cdi.mkdir(parents=True)
-    fill = ('mount -t tmpfs -o size=16k dra-e2e-cdi "$0" && head -c 12288 /dev/zero > "$0/.fill"'
+    fill = ('mount -t tmpfs -o size=32k dra-e2e-cdi "$0" && head -c 28672 /dev/zero > "$0/.fill"'
             ' && exec "$@"')
     agent = start_agent(wrap=["unshare", "-rm", "--", "sh", "-c", fill, str(dirs.cdi)])
     wait_registered(kubelet)
