@@ -13,6 +13,9 @@ prepares and unprepares pods of 1-GPU claims and of 8-GPU claims of each driver,
 call by call (who goes first alternates per round), so both see the same API server, kubelet
 and machine load. Each row prints ours, theirs and the ratio; the verdicts are the ratios.
 
+The agent runs with --no-device-metadata and --no-health: the peer does neither (as
+dra-example-driver), so both do the same work per call.
+
 Also timed per driver, from the process start: the registration socket answering GetInfo,
 and its slices complete in the API server; and each process's resident memory once idle.
 
@@ -120,7 +123,10 @@ def _measure(rounds: int) -> tuple[dict[tuple[str, str, str], list[float]], dict
                            for s in json.loads(devices.read_text())["items"])
             # Ours, then theirs: each timed from its own process start.
             started = time.perf_counter()
-            agent = AgentProcess(dirs, str(kubeconfig), "--no-health", node=node)
+            # Like for like: the peer, as the example driver, writes no device metadata files
+            # (the helper's EnableDeviceMetadata is off by default; ours is on).
+            agent = AgentProcess(dirs, str(kubeconfig), "--no-health", "--no-device-metadata",
+                                 node=node)
             facts["ours registration"] = (time.perf_counter() - started) + _registered(
                 registry / f"{DRIVER}-reg.sock", 30)
             wait_for(lambda: slices_of(DRIVER) == expected, timeout=30, interval=0.01,

@@ -177,6 +177,8 @@ def test_fuzzed_claims_parse_or_fail_per_claim(tally: dict[str, int]) -> None:
         meta = claim.get("metadata")
         uid = meta.get("uid") if isinstance(meta, dict) else None
         expected = ClaimRef("default", "claim", uid if isinstance(uid, str) else "u")
+        if uid_problem(expected.uid) is not None:
+            return  # check_uid refuses that reference before the claim is read (tested there)
         check_claim(claim, expected)
 
     case()
