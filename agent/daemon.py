@@ -270,14 +270,12 @@ class Daemon:
         if self.options.allow_device_plugin_overlap:
             return
         advertised = dp.advertised_in_checkpoint(self.cfg.kubelet_dir)
-        classes: list[Mapping[str, Any]] | None = None
         if api_client is not None:
-            from_node, classes = dp.cluster_facts(api_client, self.cfg.node_name, _shipped)
-            advertised = {**advertised, **from_node}
+            advertised = {**advertised, **dp.node_capacity(api_client, self.cfg.node_name)}
         if not advertised:
-            return
-        if classes is None:
-            classes = _shipped()
+            return  # the usual node: no device plugin, nothing more to read
+        classes = dp.cluster_classes(api_client, _shipped) if api_client is not None \
+            else _shipped()
         if not dp.mapped_classes(classes).keys() & advertised.keys():
             return
         from agent.slices import Owner

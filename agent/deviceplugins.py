@@ -176,27 +176,30 @@ def class_selects(slices: Sequence[Mapping[str, Any]], node_name: str,
     return selects
 
 
-def cluster_facts(
-    api: Any, node_name: str, fallback_classes: Callable[[], list[Mapping[str, Any]]],
-) -> tuple[dict[str, str], list[Mapping[str, Any]]]:
-    """What the API server says: the Node's advertised extended resources, and the cluster's
-    DeviceClasses (``fallback_classes()``, the shipped ones, when they cannot be listed).
-
-    The check must not keep a node from starting because the API server is slow or an older
-    ClusterRole lacks ``list deviceclasses``: each failure is one log line and the fallback.
-    """
+def node_capacity(api: Any, node_name: str) -> dict[str, str]:
+    """The extended resources the Node advertises; {} (and one log line) when it cannot be
+    read: the check must not keep a node from starting because the API server is slow."""
     from urllib.parse import quote
 
     from agent.kube.transport import KubeAPIError
 
-    advertised: dict[str, str] = {}
     try:
         node = api.request("GET", f"/api/v1/nodes/{quote(node_name, safe='')}",
                            timeout=10.0).raise_for_status().json()
-        advertised = advertised_in_capacity(node) if isinstance(node, Mapping) else {}
     except KubeAPIError as err:
         log.warning("device-plugin overlap: Node not read, the kubelet's checkpoint alone "
                     "tells", extra={"node": node_name, "error": str(err)})
+        return {}
+    return advertised_in_capacity(node) if isinstance(node, Mapping) else {}
+
+
+def cluster_classes(
+    api: Any, fallback: Callable[[], list[Mapping[str, Any]]],
+) -> list[Mapping[str, Any]]:
+    """The cluster's DeviceClasses, or ``fallback()`` (the shipped ones) with one log line when
+    they cannot be listed: the kubelet's own credentials (bare metal) may not list them."""
+    from agent.kube.transport import KubeAPIError
+
     for version in ("v1", "v1beta2", "v1beta1"):
         try:
             listed = api.request("GET", f"/apis/resource.k8s.io/{version}/deviceclasses",
@@ -208,5 +211,5 @@ def cluster_facts(
                         "stand in", extra={"error": str(err)})
             break
         items = listed.get("items") if isinstance(listed, Mapping) else None
-        return advertised, [i for i in items or [] if isinstance(i, Mapping)]
-    return advertised, fallback_classes()
+        return [i for i in items or [] if isinstance(i, Mapping)]
+    return fallback()

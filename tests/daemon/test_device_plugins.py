@@ -201,3 +201,17 @@ def test_run_starts_where_the_device_plugin_serves_other_names(workdir: Path) ->
             agent.wait_http("/healthz")
         finally:
             assert agent.terminate() == 0
+
+
+def test_the_usual_node_reads_no_device_classes(workdir: Path) -> None:
+    """No device plugin advertised anywhere: one Node GET, no DeviceClass list (the kubelet's
+    own credentials, which bare-metal installs use, may not list them)."""
+    with FakeAPIServer() as srv:
+        srv.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        agent = Agent(workdir, str(srv.write_kubeconfig(workdir / "kubeconfig")), "--no-health")
+        try:
+            agent.wait_http("/healthz")
+        finally:
+            assert agent.terminate() == 0
+        assert not [r for r in srv.requests if "deviceclasses" in r.path]
+        assert "device-plugin overlap" not in agent.logs()
