@@ -16,6 +16,10 @@ and machine load. Each row prints ours, theirs and the ratio; the verdicts are t
 The agent runs with --no-device-metadata and --no-health: the peer does neither (as
 dra-example-driver), so both do the same work per call.
 
+Then the same through the kubelet stand-in (tests/fakes/kubelet: the gRPC call alone, without
+the kubelet's claim cache), and 16 callers at once on 16 one-device claims per driver
+(throughput, and each process's peak resident memory while they run).
+
 Also timed per driver, from the process start: the registration socket answering GetInfo,
 and its slices complete in the API server; and each process's resident memory once idle.
 
@@ -75,11 +79,49 @@ def _registered(socket: Path, timeout: float) -> float:
     raise RuntimeError(f"{socket} never answered GetInfo")
 
 
-def _peer_class() -> dict[str, Any]:
+def _peer_class(kind: str) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": f"gpu.{PEER}"},
+            "metadata": {"name": f"{kind}.{PEER}"},
             "spec": {"selectors": [{"cel": {"expression": (
-                f"device.driver == '{PEER}' && device.attributes['{PEER}'].type == 'gpu'")}}]}}
+                f"device.driver == '{PEER}' && device.attributes['{PEER}'].type == '{kind}'")}}]}}
+
+
+class _PeakRSS:
+    """The highest resident memory of a process while the block runs (sampled every 5 ms)."""
+
+    def __init__(self, pid: int) -> None:
+        import threading
+
+        self.pid, self.peak = pid, _rss_mib(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, _rss_mib(self.pid))
+
+    def __enter__(self) -> _PeakRSS:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _parallel(call: Callable[[int], object], callers: int, rounds: int) -> float:
+    """``call(i)`` ``rounds`` times on each of ``callers`` threads; seconds for all of it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> None:
+        for _ in range(rounds):
+            call(i)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(callers) as pool:
+        for future in [pool.submit(one, i) for i in range(callers)]:
+            future.result()
+    return time.perf_counter() - start
 
 
 def _measure(rounds: int) -> tuple[dict[tuple[str, str, str], list[float]], dict[str, float]]:
@@ -106,7 +148,8 @@ def _measure(rounds: int) -> tuple[dict[tuple[str, str, str], list[float]], dict
     try:
         with running("vsupstream-") as cluster:
             cluster.apply_deploy("base")
-            cluster.create(_peer_class())
+            cluster.create(_peer_class("gpu"))
+            cluster.create(_peer_class("nic"))
             cluster.create({"apiVersion": "v1", "kind": "ServiceAccount",
                             "metadata": {"name": "default", "namespace": "default"}})
             cluster.ensure_node(node)
@@ -208,6 +251,8 @@ def _measure(rounds: int) -> tuple[dict[tuple[str, str, str], list[float]], dict
                             f"resourceclaims/{meta['name']}").raise_for_status()
             facts["ours RSS after calls"] = _rss_mib(agent.pid)
             facts["theirs RSS after calls"] = _rss_mib(peer_proc.pid)
+            _through_the_stand_in(cluster, node, registry, rounds, times, facts,
+                                  {"ours": agent.pid, "theirs": peer_proc.pid})
     finally:
         if kubelet is not None:
             kubelet.stop()
@@ -218,6 +263,66 @@ def _measure(rounds: int) -> tuple[dict[tuple[str, str, str], list[float]], dict
             agent.terminate()
         shutil.rmtree(root, ignore_errors=True)
     return times, facts
+
+
+def _through_the_stand_in(cluster: Any, node: str, registry: Path, rounds: int,
+                          times: dict[tuple[str, str, str], list[float]],
+                          facts: dict[str, float], pids: Mapping[str, int]) -> None:
+    """NodePrepareResources straight from the kubelet stand-in (no kubelet claim cache in
+    between): one caller, then 16 at once on 16 claims of one device each (8 GPUs, 8 NICs),
+    timing the calls and sampling each driver's resident memory while they run."""
+    from tests.e2e.harness import DRIVER, GPU_CLASS, NIC_CLASS
+    from tests.fakes.kubelet import ClaimRef, KubeletStandIn
+    from tests.realk8s.agent import allocate
+    from tests.realk8s.test_node_identity import pod_using
+
+    callers = 16
+    refs: dict[str, list[ClaimRef]] = {}
+    for short, (gpu, nic) in (("ours", (GPU_CLASS, NIC_CLASS)),
+                              ("theirs", (f"gpu.{PEER}", f"nic.{PEER}"))):
+        refs[short] = []
+        for i in range(callers):
+            claim = cluster.create({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": f"{short}-par-{i}", "namespace": "default"},
+                "spec": {"devices": {"requests": [{"name": "dev", "exactly": {
+                    "deviceClassName": gpu if i % 2 else nic}}]}}})
+            allocate(cluster, claim, node, pod=pod_using(cluster, node, claim))
+            meta = claim["metadata"]
+            refs[short].append(ClaimRef(meta["namespace"], meta["name"], meta["uid"]))
+    with KubeletStandIn(registry, retry_initial=0.05) as standin:
+        drivers = {"ours": DRIVER, "theirs": PEER}
+        for driver in drivers.values():
+            standin.wait_registered(driver, timeout=30)
+
+        def cycle(who: str, ref: ClaimRef) -> tuple[float, float]:
+            start = time.perf_counter()
+            prepared = standin.prepare(drivers[who], [ref])[ref.uid]
+            middle = time.perf_counter()
+            if not prepared.ok:
+                raise RuntimeError(f"{who} prepare through the stand-in: {prepared.error}")
+            gone = standin.unprepare(drivers[who], [ref])[ref.uid]
+            if not gone.ok:
+                raise RuntimeError(f"{who} unprepare through the stand-in: {gone.error}")
+            return middle - start, time.perf_counter() - middle
+
+        for r in range(rounds):
+            order = ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")
+            for i in range(callers // 2):
+                for who in order:
+                    prep, unprep = cycle(who, refs[who][i])
+                    times.setdefault((who, "stand-in", "prepare"), []).append(prep)
+                    times.setdefault((who, "stand-in", "unprepare"), []).append(unprep)
+        for who in ("ours", "theirs", "theirs", "ours"):  # twice each, alternating
+            def one(i: int, w: str = who) -> object:
+                return cycle(w, refs[w][i])
+
+            with _PeakRSS(pids[who]) as rss:
+                seconds = _parallel(one, callers, rounds)
+            facts[f"{who} parallel claims/s"] = max(
+                facts.get(f"{who} parallel claims/s", 0.0), callers * rounds / seconds)
+            facts[f"{who} RSS under 16 callers"] = max(
+                facts.get(f"{who} RSS under 16 callers", 0.0), rss.peak)
 
 
 def run(quick: bool) -> list[Figure]:
@@ -234,7 +339,7 @@ def run(quick: bool) -> list[Figure]:
     os.environ["REALK8S_VERSION"] = MINOR
     times, facts = _measure(3 if quick else 12)
     figures: list[Figure] = []
-    for size in ("1-device", "8-device"):
+    for size in ("1-device", "8-device", "stand-in"):
         for op in ("prepare", "unprepare"):
             ours, theirs = times[("ours", size, op)], times[("theirs", size, op)]
             for name, q in (("p50", 0.5), ("p99", 0.99)):
@@ -254,7 +359,13 @@ def run(quick: bool) -> list[Figure]:
                    "<= 0.4 s" if start_goal else None, a <= 0.4 if start_goal else None),
             Figure(f"vs-upstream start -> {what}: Go helper", b, "s"),
         ]
-    for what in ("idle RSS", "RSS after calls"):
+    a, b = facts["ours parallel claims/s"], facts["theirs parallel claims/s"]
+    figures += [
+        Figure("vs-upstream prepare+unprepare, 16 parallel callers: ours", a, "claims/s"),
+        Figure("vs-upstream prepare+unprepare, 16 parallel callers: Go helper", b, "claims/s"),
+        Figure("vs-upstream 16 parallel callers throughput: ours / Go", a / b, "x"),
+    ]
+    for what in ("idle RSS", "RSS after calls", "RSS under 16 callers"):
         a, b = facts[f"ours {what}"], facts[f"theirs {what}"]
         idle = what == "idle RSS"
         figures += [
