@@ -76,3 +76,16 @@ def test_dry_run_of_every_rendered_object(start_cluster: StartCluster) -> None:
             out = cluster.kubectl("apply", "--server-side", "--dry-run=server",
                                   "--validate=strict", "-f", "-", input=text)
         assert out.returncode == 0, f"{target}: {out.stderr}"
+
+
+def test_the_doctor_pod_is_accepted_next_to_the_base(cluster: RealCluster) -> None:
+    """deploy/doctor/pod.yaml, with its node filled in as the README says, passes the real
+    server's strict validation (and the namespace's privileged Pod Security level)."""
+    cluster.apply_deploy("base")
+    node = "node-doctor"
+    cluster.ensure_node(node)
+    text = (REPO / "deploy" / "doctor" / "pod.yaml").read_text().replace("NODE_NAME_HERE", node)
+    out = cluster.kubectl("apply", "--server-side", "--dry-run=server", "--validate=strict",
+                          "-f", "-", input=text)
+    assert out.returncode == 0, out.stderr
+    assert "pod/dra-agent-doctor serverside-applied (server dry run)" in out.stdout, out.stdout
