@@ -20,6 +20,9 @@ Then the same through the kubelet stand-in (tests/fakes/kubelet: the gRPC call a
 the kubelet's claim cache), and 16 callers at once on 16 one-device claims per driver
 (throughput, and each process's peak resident memory while they run).
 
+At rest, the slice writes of each in a 10 s window; then each driver's slices deleted as the
+kubelet deletes them at its start, and the time until they are all back.
+
 Also timed per driver, from the process start: the registration socket answering GetInfo,
 and its slices complete in the API server; and each process's resident memory once idle.
 
@@ -44,6 +47,8 @@ from hack.benches import Figure
 MINOR = "1.37"  # the peer driver follows the current helper's interface
 PEER = "peer.dra-agent.io"
 SMALL_PODS = 8  # one GPU each: every GPU of the profile
+AT_REST_S = 10.0
+WIPE_TIMEOUT_S = 90.0
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -192,9 +197,9 @@ def _measure(rounds: int) -> tuple[dict[tuple[str, str, str], list[float]], dict
             wait_for(lambda: slices_of(PEER) == expected, timeout=30, interval=0.01,
                      what="the peer driver's slices")
             facts["theirs slices"] = time.perf_counter() - started
-            time.sleep(3)  # both idle: nothing published, nothing called
             facts["ours idle RSS"] = _rss_mib(agent.pid)
             facts["theirs idle RSS"] = _rss_mib(peer_proc.pid)
+            _at_rest_and_wiped(cluster, node, expected, facts, slices_of)
 
             before = revisions(cluster, node)
             kubelet = KubeletDRA(MINOR, kubeconfig, node, dirs.kubelet)
@@ -263,6 +268,39 @@ def _measure(rounds: int) -> tuple[dict[tuple[str, str, str], list[float]], dict
             agent.terminate()
         shutil.rmtree(root, ignore_errors=True)
     return times, facts
+
+
+def _at_rest_and_wiped(cluster: Any, node: str, expected: int, facts: dict[str, float],
+                       slices_of: Callable[[str], int]) -> None:
+    """Slice writes while nothing changes (a window of AT_REST_S), then each driver's slices
+    deleted as the kubelet does at its start (one DeleteCollection for the node and driver)
+    and the time until they are all back."""
+    from tests.e2e.harness import DRIVER
+
+    def versions(driver: str) -> dict[str, str]:
+        return {s["metadata"]["name"]: s["metadata"]["resourceVersion"]
+                for s in cluster.slices(node) if s["spec"]["driver"] == driver}
+
+    drivers = {"ours": DRIVER, "theirs": PEER}
+    time.sleep(2)  # both settled: what follows is rest
+    before = {who: versions(d) for who, d in drivers.items()}
+    time.sleep(AT_REST_S)
+    for who, driver in drivers.items():
+        after = versions(driver)
+        facts[f"{who} writes at rest"] = float(sum(
+            1 for name, rv in after.items() if before[who].get(name) != rv)
+            + len(before[who].keys() - after.keys()))
+    for who, driver in drivers.items():
+        selector = f"spec.nodeName={node},spec.driver={driver}"
+        start = time.perf_counter()
+        cluster.admin.request("DELETE", "/apis/resource.k8s.io/v1/resourceslices",
+                              query=[("fieldSelector", selector)]).raise_for_status()
+        deadline = start + WIPE_TIMEOUT_S
+        while slices_of(driver) != expected:
+            if time.perf_counter() > deadline:
+                break  # reported as the timeout: upstream may wait for its resync
+            time.sleep(0.01)
+        facts[f"{who} wipe -> restored"] = time.perf_counter() - start
 
 
 def _through_the_stand_in(cluster: Any, node: str, registry: Path, rounds: int,
@@ -359,6 +397,20 @@ def run(quick: bool) -> list[Figure]:
                    "<= 0.4 s" if start_goal else None, a <= 0.4 if start_goal else None),
             Figure(f"vs-upstream start -> {what}: Go helper", b, "s"),
         ]
+    a, b = facts["ours wipe -> restored"], facts["theirs wipe -> restored"]
+    figures += [
+        Figure("vs-upstream kubelet wipe -> restored: ours", a, "s"),
+        Figure("vs-upstream kubelet wipe -> restored: Go helper", b, "s",
+               None if b < WIPE_TIMEOUT_S else f"timed out at {WIPE_TIMEOUT_S:.0f} s"),
+        Figure("vs-upstream wipe -> restored: ours / Go", a / b, "x", "<= 0.05x", a / b <= 0.05),
+    ]
+    a, b = facts["ours writes at rest"], facts["theirs writes at rest"]
+    figures += [
+        Figure(f"vs-upstream slice writes in {AT_REST_S:.0f} s at rest: ours", a, "writes",
+               "0", a == 0),
+        Figure(f"vs-upstream slice writes in {AT_REST_S:.0f} s at rest: Go helper", b,
+               "writes", "0", b == 0),
+    ]
     a, b = facts["ours parallel claims/s"], facts["theirs parallel claims/s"]
     figures += [
         Figure("vs-upstream prepare+unprepare, 16 parallel callers: ours", a, "claims/s"),
