@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -74,15 +75,21 @@ def test_a_file_where_the_claim_dir_should_be_fails_that_claim_alone(node: Node)
     assert node.prepare(bad)[uid_of(bad)].ok
 
 
+IN_NAMESPACE = "DRA_AGENT_TEST_IN_MOUNT_NAMESPACE"
+
+
 @pytest.fixture
-def read_only_dir(node: Node) -> Iterator[Path]:
-    """A read-only file system at ``dra-device-metadata`` (a real one: root ignores modes)."""
+def read_only_dir(node: Node) -> Iterator[Path | None]:
+    """A read-only file system at ``dra-device-metadata`` (a real one: root ignores modes);
+    None where this process may not mount (the test then runs itself in a namespace)."""
     root = meta_root(node)
     root.mkdir(parents=True)
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(root)],
                              capture_output=True, text=True, check=False)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.strip()}")
+        assert not os.environ.get(IN_NAMESPACE), f"no mount in the namespace: {mounted.stderr}"
+        yield None
+        return
     try:
         yield root
     finally:
@@ -90,8 +97,19 @@ def read_only_dir(node: Node) -> Iterator[Path]:
 
 
 def test_a_read_only_metadata_dir_fails_the_prepare_and_rolls_back(
-    node: Node, read_only_dir: Path
+    node: Node, read_only_dir: Path | None, request: pytest.FixtureRequest
 ) -> None:
+    if read_only_dir is None:
+        # Unprivileged: this very test again, as root of its own user and mount namespace
+        # (``unshare -rm``, as tests/e2e/test_storage.py mounts its tmpfs), never a skip.
+        child = subprocess.run(
+            ["unshare", "-rm", "--", sys.executable, "-m", "pytest", "-q", "-p",
+             "no:cacheprovider", f"{__file__}::{request.node.name}"],
+            capture_output=True, text=True, timeout=300, check=False,
+            env={**os.environ, IN_NAMESPACE: "1"})
+        assert child.returncode == 0, child.stdout + child.stderr
+        assert "1 passed" in child.stdout, child.stdout
+        return
     claim = node.book.put(make_claim("c1", ["gpu-0"]))
     error = one_line(node.prepare(claim)[uid_of(claim)].error)
     assert error.endswith(
