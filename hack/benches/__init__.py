@@ -21,3 +21,9 @@ class Figure:
         verdict = "" if self.ok is None else ("pass" if self.ok else "falls short")
         goal = self.goal or ""
         return f"{self.name:<58} {self.value:>10.2f} {self.unit:<10} {goal:<14} {verdict}"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The value at quantile ``q`` (0.5: median, 0.99: p99) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -13,12 +13,7 @@ import time
 
 from agent.common.metrics import Metrics
 from agent.httpserver import HealthServer
-from hack.benches import Figure
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+from hack.benches import Figure, percentile
 
 
 def _populated() -> Metrics:
@@ -71,10 +66,10 @@ def run(quick: bool) -> list[Figure]:
     return [
         Figure("metrics scrape, dgx-h100-sized registry, p50", scrape_p50, "ms", "<= 5 ms",
                scrape_p50 <= 5),
-        Figure("metrics scrape, dgx-h100-sized registry, p99", _pct(scrape, 0.99), "ms"),
+        Figure("metrics scrape, dgx-h100-sized registry, p99", percentile(scrape, 0.99), "ms"),
         Figure("metrics scrape size", size / 1024, "KiB"),
         Figure("/readyz probe (4 checks), p50", probe_p50, "ms", "<= 2 ms", probe_p50 <= 2),
-        Figure("/readyz probe (4 checks), p99", _pct(probe, 0.99), "ms"),
+        Figure("/readyz probe (4 checks), p99", percentile(probe, 0.99), "ms"),
     ]
 
 

@@ -30,15 +30,10 @@ from agent.plugin import PluginOptions, PluginServer
 from agent.plugin.framework import APIClaimSource
 from agent.prepare import EnvOnlyEdits
 from discovery.model import Device, DeviceType, HostInfo, Inventory
-from hack.benches import Figure
+from hack.benches import Figure, percentile
 
 DRIVER = "dra-agent.io"
 NODE = "bench-node"
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _claim(name: str, devices: list[str], device_class: str = "gpu") -> dict[str, Any]:
@@ -148,11 +143,11 @@ def _latency(srv: Any, api: Any, kubelet: Any, root: Path, rounds: int) -> list[
     floor_p50 = statistics.median(floor)
     out = [
         Figure("plugin floor (GET claim + 2 durable writes), p50", floor_p50, "ms"),
-        Figure("plugin floor (GET claim + 2 durable writes), p99", _pct(floor, 0.99), "ms"),
+        Figure("plugin floor (GET claim + 2 durable writes), p99", percentile(floor, 0.99), "ms"),
     ]
     for size in (1, 8):
-        p50, p99 = statistics.median(prep[size]), _pct(prep[size], 0.99)
-        u99 = _pct(unprep[size], 0.99)
+        p50, p99 = statistics.median(prep[size]), percentile(prep[size], 0.99)
+        u99 = percentile(unprep[size], 0.99)
         out += [
             Figure(f"plugin prepare {size}-device claim, p50", p50, "ms",
                    f"<= {1.5 * floor_p50:.2f} ms", p50 <= 1.5 * floor_p50),
@@ -163,7 +158,7 @@ def _latency(srv: Any, api: Any, kubelet: Any, root: Path, rounds: int) -> list[
             Figure(f"plugin unprepare {size}-device claim, p99", u99, "ms", "<= 10 ms",
                    u99 <= 10),
         ]
-    nic50, nic99 = statistics.median(prep[0]), _pct(prep[0], 0.99)
+    nic50, nic99 = statistics.median(prep[0]), percentile(prep[0], 0.99)
     out += [
         Figure("plugin prepare 1-NIC claim incl. claim status write, p50", nic50, "ms"),
         Figure("plugin prepare 1-NIC claim incl. claim status write, p99", nic99, "ms",

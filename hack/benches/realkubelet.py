@@ -27,14 +27,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hack.benches import Figure
+from hack.benches import Figure, percentile
 
 PODS = 8  # one GPU each: every GPU of the dgx-h100 profile
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _measure(rounds: int) -> dict[tuple[str, str], list[float]]:
@@ -143,10 +138,10 @@ def run(quick: bool) -> list[Figure]:
             figures.append(Figure(f"{op} 1-GPU pod via {who}, p50",
                                   statistics.median(values) * 1000, "ms"))
             figures.append(Figure(f"{op} 1-GPU pod via {who}, p99 of {len(values)}",
-                                  _pct(values, 0.99) * 1000, "ms"))
+                                  percentile(values, 0.99) * 1000, "ms"))
         for q, name in ((0.5, "p50"), (0.99, "p99")):
             figures.append(Figure(f"{op} 1-GPU pod, real kubelet / stand-in, {name}",
-                                  _pct(real, q) / _pct(standin, q), "x"))
+                                  percentile(real, q) / percentile(standin, q), "x"))
     return figures
 
 

@@ -42,18 +42,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hack.benches import Figure
+from hack.benches import Figure, percentile
 
 MINOR = "1.37"  # the peer driver follows the current helper's interface
 PEER = "peer.dra-agent.io"
 SMALL_PODS = 8  # one GPU each: every GPU of the profile
 AT_REST_S = 10.0
 WIPE_TIMEOUT_S = 90.0
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _rss_mib(pid: int) -> float:
@@ -381,7 +376,7 @@ def run(quick: bool) -> list[Figure]:
         for op in ("prepare", "unprepare"):
             ours, theirs = times[("ours", size, op)], times[("theirs", size, op)]
             for name, q in (("p50", 0.5), ("p99", 0.99)):
-                a, b = _pct(ours, q) * 1e3, _pct(theirs, q) * 1e3
+                a, b = percentile(ours, q) * 1e3, percentile(theirs, q) * 1e3
                 goal = op == "prepare" and name == "p50"
                 figures += [
                     Figure(f"vs-upstream {op} {size} {name}: ours", a, "ms"),
