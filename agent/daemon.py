@@ -211,7 +211,8 @@ class Daemon:
         self.notifier.status("discovering devices")
         sources = self.sources = self._sources()
         discovery_options = DiscoveryOptions(
-            device_types=cfg.device_types, node_addresses=self.options.node_addresses
+            device_types=cfg.device_types, node_addresses=self.options.node_addresses,
+            sharing=cfg.sharing,
         )
         started = time.perf_counter()
         inventory = discover(sources, discovery_options)

@@ -39,6 +39,8 @@ class SpecDevice:
     move_netdev: bool = False
     interface_name: str | None = None
     mounts: tuple[Mount, ...] = ()
+    #: The allocation's shareID: a share is its own CDI device (``cdispecs``).
+    share_id: str | None = None
 
     @property
     def pod_interface(self) -> str | None:
@@ -52,7 +54,7 @@ def spec_device(
 ) -> SpecDevice:  # fmt: skip
     """The device with its netdev choice; a GPU ignores a claim-wide ``netdev``."""
     if not (config.move_netdev and device.type in NETDEV_TYPES):
-        return SpecDevice(device=device, env=env)
+        return SpecDevice(device=device, env=env, share_id=result.share_id)
     if not device.host.if_name:
         raise BadConfigError(
             str(ref),
@@ -61,8 +63,16 @@ def spec_device(
             f"{device.host.driver or 'none'}), so there is nothing to move; drop "
             "netdev.move for this request",
         )
+    if result.share_id:
+        raise BadConfigError(
+            str(ref),
+            f"opaque config for request {result.base_request}: netdev.move: device "
+            f"{device.name} is shared (shareID {result.share_id}); its interface cannot move "
+            "into one pod while other pods hold shares of it; drop netdev.move",
+        )
     return SpecDevice(device=device, env=env, move_netdev=True,
-                      interface_name=config.pod_interface_name)  # fmt: skip
+                      interface_name=config.pod_interface_name,
+                      share_id=result.share_id)  # fmt: skip
 
 
 def env_key(device_name: str) -> str:

@@ -55,6 +55,7 @@ from agent.prepare.errors import (
     SpecWriteError,
     UnknownDeviceError,
 )
+from agent.prepare.shares import check_shares
 from cdi.errors import CDIError
 from discovery.model import Device, Inventory
 
@@ -124,6 +125,7 @@ class DevicePreparer:
 
         def start(claims: dict[str, ClaimRecord]) -> None:
             self._check_free(ref, results, claims)
+            check_shares(ref, results, prepared, claims, inventory=inventory, pool=self.pool)
             if metadata is not None:
                 self.metadata.check_unshared(ref, claims)
             claims[ref.uid] = record
@@ -276,9 +278,10 @@ class DevicePreparer:
             pool=result.pool,
             device=result.device,
             requests=(result.base_request,),
-            cdi_ids=(self.specs.cdi_id(ref.uid, result.device),),
+            cdi_ids=(self.specs.cdi_id(ref.uid, result.device, result.share_id),),
             share_id=result.share_id,
             admin_access=result.admin_access,
+            consumed=result.consumed_capacity,
         )
 
     def _check_free(

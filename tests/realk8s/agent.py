@@ -85,7 +85,10 @@ def scheduler_allocate(cluster: RealCluster, claims: Sequence[Mapping[str, Any]]
     listed = cluster.admin.request("GET", f"{RESOURCE}/v1/resourceclaims")
     listed.raise_for_status()
     uids = {c["metadata"]["uid"] for c in claims}
-    held = [{"driver": r["driver"], "pool": r["pool"], "device": r["device"]}
+    # A share also names its shareID and consumedCapacity, as the scheduler's claim tracker
+    # keeps them: the device stays allocatable for more shares until its capacity is used.
+    held = [{k: r[k] for k in ("driver", "pool", "device", "shareID", "consumedCapacity")
+             if k in r}
             for c in listed.json()["items"] if c["metadata"]["uid"] not in uids
             for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {})
             .get("results") or []]
