@@ -15,7 +15,7 @@ import time
 from hack.benches import Figure
 
 AREAS = (
-    "discovery", "cdi", "plugin", "flood", "slices", "startup", "explain", "health", "ops", "e2e",
+    "discovery", "cdi", "plugin", "sharing", "flood", "slices", "startup", "explain", "health", "ops", "e2e",
     "realkubelet", "vs-upstream",
 )
 
