@@ -226,7 +226,7 @@ def enforcement(device: Device) -> str:
         return ""
     if device.type == DeviceType.GPU and device.host.vendor == "nvidia":
         if kind == SHARES:
-            return ("time-sliced by the NVIDIA driver (interval per claim config); "
-                    "compute bounded per share only with MPS")
-        return "memory bounded per share only with MPS; otherwise scheduling only"
+            return ("time-sliced by the NVIDIA driver (sharing.timeSlice sets the interval); "
+                    "compute bounded per share only with sharing.mps")
+        return "memory bounded per share only with sharing.mps; otherwise scheduling only"
     return "scheduling only: nothing bounds one share's use"

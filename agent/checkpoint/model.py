@@ -79,6 +79,8 @@ class PreparedDevice:
     #: A share's consumedCapacity (name -> quantity): what it holds of the device, summed
     #: against the device's capacity when another share is prepared.
     consumed: Mapping[str, str] = field(default_factory=dict)
+    #: The GPU time-slice interval this share asked for (``agent.prepare.enforce``).
+    time_slice: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -97,6 +99,8 @@ class PreparedDevice:
             out["adminAccess"] = True
         if self.consumed:
             out["consumedCapacity"] = dict(self.consumed)
+        if self.time_slice is not None:
+            out["timeSlice"] = self.time_slice
         # Written only when known: a record without them reads back as it was.
         for key, value in (("uuid", self.uuid), ("ifName", self.if_name),
                            ("pciAddress", self.pci_address)):
@@ -109,7 +113,7 @@ class PreparedDevice:
         obj = _mapping(data, "device")
         known = {
             "pool", "device", "requests", "cdiDeviceIDs", "shareID", "adminAccess", "uuid",
-            "ifName", "pciAddress", "consumedCapacity",
+            "ifName", "pciAddress", "consumedCapacity", "timeSlice",
         }
         return cls(
             pool=_str(obj, "pool"),
@@ -122,6 +126,7 @@ class PreparedDevice:
             if_name=_opt_str(obj, "ifName"),
             pci_address=_opt_str(obj, "pciAddress"),
             consumed=_quantities(obj, "consumedCapacity"),
+            time_slice=_opt_str(obj, "timeSlice"),
             extra={k: v for k, v in obj.items() if k not in known},
         )
 

@@ -121,6 +121,8 @@ class Node:
     metrics: Metrics
     server: PluginServer
     kubelet: KubeletStandIn
+    #: GPU-wide share settings (agent.prepare.enforce); None as on a node without nvidia-smi.
+    gpu_control: Any = None
 
     @property
     def cdi_dir(self) -> Path:
@@ -143,7 +145,7 @@ class Node:
         self.options = opts
         return PluginServer(
             opts, None, lambda: Inventory(devices=tuple(self.inventory)), NodeEdits(),
-            self.metrics, claim_source=self.book,
+            self.metrics, claim_source=self.book, gpu_control=self.gpu_control,
         )
 
     def restart(self, **changes: Any) -> None:
