@@ -150,10 +150,13 @@ class Node:
 
     def restart(self, **changes: Any) -> None:
         """Stop the agent and start a new one (same dirs), as after a crash or upgrade."""
+        # Counted before the new socket exists: a registration that lands before the count
+        # would otherwise be waited for again, and never come.
+        since = len(self.kubelet.registrations)
         self.server.stop(0)
         self.server = self.new_server(**changes)
         self.server.start()
-        self.kubelet.wait_registered(DRIVER, since=len(self.kubelet.registrations))
+        self.kubelet.wait_registered(DRIVER, timeout=30, since=since)
 
 
 @pytest.fixture
