@@ -375,11 +375,20 @@ def test_a_rolling_update_moves_the_kubelet_to_the_new_instance(
         new.wait_http("/readyz")
         wait_for(lambda: calls_served(new) >= 4, timeout=30,
                  what="the kubelet calling the new instance")
+        # The kubelet holds both instances, each at its own socket in the driver's dir, the
+        # new one registered last (the one it calls).
+        both = [p for p in kubelet.plugins() if p["driver"] == DRIVER]
+        assert len(both) == 2 and both[0]["endpoint"] != both[1]["endpoint"], both
+        assert all(Path(p["endpoint"]).parent == dirs.plugin and p["connected"] and
+                   p["service"] == "v1.DRAPlugin" for p in both), both
         # From now on the kubelet calls only the newest instance.
         by_old, by_new = calls_served(old), calls_served(new)
         wait_for(lambda: calls_served(new) >= by_new + 4, timeout=20, what="more calls")
         assert calls_served(old) == by_old
         assert old.terminate() == 0
+        wait_for(lambda: [p["endpoint"] for p in kubelet.plugins()
+                          if p["driver"] == DRIVER] == [both[1]["endpoint"]], timeout=20,
+                 what="the kubelet dropping the old instance, keeping the new one")
         by_new = calls_served(new)
         wait_for(lambda: calls_served(new) >= by_new + 4, timeout=20,
                  what="calls after the old instance stopped")
