@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.harness import DRIVER, GPU_CLASS, NIC_CLASS, AgentProcess, NodeDirs
+from tests.fakes.kubelet.scenarios import CDI_REPEATS_AFTER_RESTART, refused
 from tests.realk8s.agent import allocate, make_claim, revisions, wait_settled
 from tests.realk8s.cluster import RealCluster
 from tests.realk8s.conftest import StartAgent, StartKubelet
@@ -94,7 +95,7 @@ def test_kubelet_prepares_restarts_and_unprepares(
     # (its claim cache appends the re-sent devices to the ones restored from its checkpoint;
     # runtimes inject a device once), 1.37 once.
     assert sorted(set(again)) == sorted(ids)
-    assert len(again) == (2 * len(ids) if minor == "1.35" else len(ids)), again
+    assert len(again) == CDI_REPEATS_AFTER_RESTART[minor] * len(ids), again
 
     assert kubelet.unprepare(pod) == ""
     assert dirs.cdi_files() == []
@@ -113,7 +114,7 @@ def test_kubelet_refuses_a_pod_the_claim_is_not_reserved_for(
     pod = get_pod(cluster, pod)
     kubelet.active([pod])
     error = kubelet.prepare(pod)
-    assert "is not allowed to use ResourceClaim" in error, error
+    assert refused("not reserved for the pod", error), error
     assert dirs.cdi_files() == []
 
 
@@ -296,7 +297,7 @@ def test_a_claim_from_a_template(
     kubelet.active([pod])
     # Before the controller has made the claim: the kubelet itself refuses, no plugin call.
     error = kubelet.prepare(pod)
-    assert "ResourceClaim not created yet" in error, error
+    assert refused("template claim not made yet", error), error
 
     claim = claim_from_template(cluster, pod, "gpus", template)
     name = claim["metadata"]["name"]
@@ -323,7 +324,7 @@ def test_a_claim_from_a_template(
     thief = get_pod(cluster, thief)
     kubelet.active([pod, thief])
     error = kubelet.prepare(thief)
-    assert "(pod is not owner)" in error.lower(), error  # 1.37: "Pod", 1.35: "pod"
+    assert refused("template claim of another pod", error), error
 
     kubelet.active([pod])
     assert kubelet.unprepare(pod) == ""
