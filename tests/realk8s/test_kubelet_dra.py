@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import DRIVER, GPU_CLASS, NIC_CLASS, AgentProcess, NodeDirs
+from tests.e2e.harness import DRIVER, GPU_CLASS, NIC_CLASS, PCIE_ROOT, AgentProcess, NodeDirs
 from tests.fakes.kubelet.scenarios import CDI_REPEATS_AFTER_RESTART, refused
 from tests.realk8s.agent import allocate, make_claim, revisions, wait_settled
 from tests.realk8s.cluster import RealCluster
@@ -39,6 +39,31 @@ def inject(cdi_check: Path, dirs: NodeDirs, ids: list[str]) -> dict[str, Any]:
     assert out.returncode == 0, out.stdout + out.stderr
     doc: dict[str, Any] = json.loads(out.stdout)
     return doc
+
+
+#: gpu-0's PCIe root on the simulated dgx-h100 (a NIC shares it, nic-0000-18-00-0).
+FIRST_GPU_ROOT = "pci0000:15"
+
+
+def nic_under(cluster: RealCluster, name: str, root: str) -> dict[str, Any]:
+    """A claim for one NIC under PCIe root ``root``."""
+    expression = f'device.attributes["resource.kubernetes.io"].pcieRoot == "{root}"'
+    return cluster.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "nic", "exactly": {
+            "deviceClassName": NIC_CLASS, "selectors": [{"cel": {"expression": expression}}]}}]}}})
+
+
+def pcie_root(cluster: RealCluster, node: str, device: str) -> str | None:
+    """The device's resource.kubernetes.io/pcieRoot in the node's published slices."""
+    for item in cluster.slices(node):
+        for published in item["spec"].get("devices") or []:
+            if published["name"] == device:
+                value = (published.get("attributes") or {}).get(PCIE_ROOT) or {}
+                root: str | None = value.get("string")
+                return root
+    return None
 
 
 def agent_and_kubelet(cluster: RealCluster, node: str, start_agent: StartAgent,
@@ -69,13 +94,21 @@ def test_kubelet_prepares_restarts_and_unprepares(
     _, kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet,
                                 None if identity == "node" else cluster.agent_kubeconfig(node))
 
+    # The pair under one PCIe root: the scheduler's allocator holds it to the constraint.
+    # The NIC beside gpu-0 is held first, so only the constraint keeps the allocator from
+    # pairing gpu-0 with a NIC under another root.
+    allocate(cluster, nic_under(cluster, f"holder-{identity}-{node}", FIRST_GPU_ROOT), node)
     claim = make_claim(cluster, f"pair-{identity}-{node}", [("gpu", GPU_CLASS),
-                                                             ("nic", NIC_CLASS)])
+                                                             ("nic", NIC_CLASS)],
+                       constraints=[{"requests": ["gpu", "nic"], "matchAttribute": PCIE_ROOT}])
     pod = pod_using(cluster, node, claim)
     claim = allocate(cluster, claim, node, pod=pod)
     pod = get_pod(cluster, pod)
     uid = claim["metadata"]["uid"]
     allocated = claim["status"]["allocation"]["devices"]["results"]
+    assert sorted(r["request"] for r in allocated) == ["gpu", "nic"]
+    roots = {pcie_root(cluster, node, r["device"]) for r in allocated}
+    assert len(roots) == 1 and None not in roots, roots
 
     kubelet.active([pod])
     assert kubelet.prepare(pod) == ""
