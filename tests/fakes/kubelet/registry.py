@@ -409,7 +409,9 @@ class PluginWatcher:
             raise
         if not self._notify(stub, True, "") and self._deregisters_on_failure:
             with self._cond:
-                self._drop(path, registration)
+                dropped = self._drop(path, registration)
+            if dropped is not None:
+                dropped.close()
             raise _RejectedError(
                 f"failed to send registration status at socket {path}; deregistered",
                 notified=False,
@@ -437,13 +439,16 @@ class PluginWatcher:
                     )
             self._state.active[path] = _Active(identity, registration)
 
-    def _drop(self, path: Path, registration: Registration) -> None:
+    def _drop(self, path: Path, registration: Registration) -> grpc.Channel | None:
         """1.36+ after a failed notify(true): RemovePlugin and DeRegisterPlugin. The instance
-        was never published in ``registrations``, so it is no deregistration either."""
+        was never published in ``registrations``, so it is no deregistration either. Returns
+        the channel a call may have opened meanwhile, for the caller to close unlocked."""
         active = self._state.active.get(path)
-        if active is not None and active.registration is registration:
-            del self._state.active[path]
-            self._cond.notify_all()
+        if active is None or active.registration is not registration:
+            return None
+        del self._state.active[path]
+        self._cond.notify_all()
+        return active.channel
 
     def _validate(self, path: Path, info: Any) -> Registration:
         if info.type != DRA_PLUGIN_TYPE:
