@@ -106,3 +106,33 @@ def test_a_failed_notice_of_success(
     assert statuses_after(plugin, 2)[count:] == []  # registered for good: no more notices
     (held,) = instances(kubelet)
     assert held["endpoint"] == str(plugin.dra_socket)
+
+
+def test_what_the_strict_stand_in_refuses_the_kubelet_registers(
+    cluster: RealCluster, node: str, dirs: NodeDirs, start_kubelet: StartKubelet,
+    plugins: list[FakePlugin],
+) -> None:
+    """ValidatePlugin and RegisterPlugin check the supported services only: a driver name that
+    is no DNS subdomain and endpoints that are relative, missing or too long are registered
+    (told so), never connected. The stand-in refuses them unless strict_registration=False
+    (tests/fakes/kubelet/README.md)."""
+    kubelet = start_kubelet(cluster.node_kubeconfig(node), node)
+    cases = {"Not_A.DNS.Name": None, "relative.example.com": "relative/dra.sock",
+             "missing.example.com": "/nonexistent/dra.sock",
+             "long.example.com": "/" + "x" * 120}
+    for driver, endpoint in cases.items():
+        plugin = FakePlugin(dirs.kubelet, driver.lower().replace("_", "-"), endpoint=endpoint)
+        plugin.driver = driver  # the sockets keep sane paths; GetInfo advertises the name
+        plugins.append(plugin)
+        plugin.start()
+    for plugin in plugins:
+        assert plugin.wait_status(timeout=20) == [(True, "")], plugin.driver
+    held = {p["driver"]: p for p in kubelet.plugins()}
+    assert set(held) == set(cases), held
+    # The bad name has a good endpoint: the kubelet even connects to it.
+    wait_for(lambda: any(p["driver"] == "Not_A.DNS.Name" and p["connected"]
+                         for p in kubelet.plugins()), timeout=20, what="the connection")
+    for driver, endpoint in cases.items():
+        if endpoint is not None:
+            assert held[driver]["endpoint"] == endpoint
+            assert not held[driver]["connected"], held[driver]
