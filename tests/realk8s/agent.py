@@ -67,11 +67,14 @@ def published(cluster: RealCluster, node: str) -> dict[str, dict[str, Any]]:
 
 def make_claim(cluster: RealCluster, name: str, requests: Sequence[tuple[str, str]],
                namespace: str = "default",
-               config: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+               config: Sequence[Mapping[str, Any]] = (),
+               constraints: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     spec: dict[str, Any] = {"devices": {"requests": [
         {"name": req, "exactly": {"deviceClassName": cls}} for req, cls in requests]}}
     if config:
         spec["devices"]["config"] = [dict(c) for c in config]
+    if constraints:
+        spec["devices"]["constraints"] = [dict(c) for c in constraints]
     return cluster.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                            "metadata": {"name": name, "namespace": namespace}, "spec": spec})
 
