@@ -86,9 +86,12 @@ def test_two_releases_install_and_uninstall(helm_on: tuple[RealCluster, Path]) -
                   values=SECOND)
     assert second.returncode == 0, second.stderr
     classes = cluster.kubectl("get", "deviceclasses", "-o", "name")
+    # Each gpu and nic class has its shareable twin (<type>-shared.<driver>).
     assert sorted(classes.stdout.split()) == sorted(
-        [f"deviceclass.resource.k8s.io/{t}.dra-agent.io" for t in ("gpu", "mig", "nic", "vf")]
-        + [f"deviceclass.resource.k8s.io/{t}.gpu.example.com" for t in ("gpu", "nic")])
+        [f"deviceclass.resource.k8s.io/{t}.dra-agent.io"
+         for t in ("gpu", "mig", "nic", "vf", "gpu-shared", "nic-shared")]
+        + [f"deviceclass.resource.k8s.io/{t}.gpu.example.com"
+           for t in ("gpu", "nic", "gpu-shared", "nic-shared")])
     vap = json.loads(cluster.kubectl("get", "validatingadmissionpolicy",
                                      "gpu-agent-own-node-slices", "-o", "json").stdout)
     variables = {v["name"]: v["expression"] for v in vap["spec"]["variables"]}
