@@ -5,8 +5,10 @@
 //
 // Flags: --kubeconfig --node-name --driver-name --kube-api-qps --kube-api-burst
 //
-// It looks up the Node (its UID: the slices' owner) and starts the controller with no devices,
-// then prints "ready". Each line on stdin is then one of:
+// It starts the controller with the Node as the slices' owner and no devices, then prints
+// "ready". The Node's UID is left to the controller, which looks it up at its first write, as
+// it does under the kubeletplugin helper when the driver gives no NodeUID (the example driver
+// gives none). Each line on stdin is then one of:
 //
 //	FILE   a JSON list of v1 Devices: they become the node's one pool, 128 devices a slice
 //	       (the v1 limit), in the given order; an empty list removes the pool's slices
@@ -28,7 +30,6 @@ import (
 	"syscall"
 
 	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -70,14 +71,10 @@ func run(kubeconfig, nodeName, driverName string, qps float32, burst int) error 
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer cancel()
-	node, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("node %s: %w", nodeName, err)
-	}
 	controller, err := resourceslice.StartController(ctx, resourceslice.Options{
 		DriverName: driverName,
 		KubeClient: client,
-		Owner:      &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: nodeName, UID: node.UID},
+		Owner:      &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: nodeName},
 	})
 	if err != nil {
 		return err
