@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextmanager
-def _prepare_case() -> Iterator[Callable[[], None]]:
+def _prepare_case(device_metadata: bool = True) -> Iterator[Callable[[], None]]:
     from agent.claim.model import ClaimRef
     from agent.common.metrics import Metrics
     from agent.plugin import PluginOptions, PluginServer
@@ -78,7 +78,8 @@ def _prepare_case() -> Iterator[Callable[[], None]]:
                 return claim
 
         options = PluginOptions(driver_name=DRIVER, node_name=NODE, kubelet_dir=root / "k",
-                                cdi_dir=root / "cdi", boot_id_path=boot)
+                                cdi_dir=root / "cdi", boot_id_path=boot,
+                                device_metadata=device_metadata)
         server = PluginServer(options, None, lambda: Inventory(devices=gpus), EnvOnlyEdits(),
                               Metrics(), claim_source=Claims())
         server.paths.plugin_dir.mkdir(parents=True, exist_ok=True)
