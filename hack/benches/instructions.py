@@ -1,9 +1,9 @@
 """Instructions per call of the hot paths: a regression shows here whatever the machine's load.
 
 Timings on a shared 2-core VM spread by 2.5x from one day to the next; the instructions a call
-executes in user space do not. Each case runs in a child process under ``valgrind
+executes in user space do not. The cases run in one child process under ``valgrind
 --tool=callgrind`` with instrumentation off while it imports and sets up (at about 5x, not
-50x), warms up with two calls, then counts an empty window and a window of N calls
+50x); each warms up with two calls, then counts an empty window and a window of N calls
 (``callgrind_control`` from the child itself); the figure is their difference over N, in
 millions of instructions (Minstr). Same input, same count: PYTHONHASHSEED is fixed. Where
 valgrind is missing, ``perf stat -e instructions:u`` counts a run of N calls and one of 0 and
@@ -153,8 +153,10 @@ _SETUPS: dict[str, Callable[[], Any]] = {
     "prepare": _prepare_case, "slices": _slices_case, "explain": _explain_case}
 
 
-def _child(case: str, calls: int, tool: str) -> None:
-    """Set ``case`` up and run it; under callgrind, dump an empty window then ``calls``."""
+def _child(cases: list[str], calls: list[int], tool: str) -> None:
+    """Set each case up and run it; under callgrind, dump an empty window then its calls
+    (dumps 2k+1 and 2k+2 for the k-th case), instrumented only in between."""
+    import gc
     import logging
 
     logging.disable(logging.CRITICAL)
@@ -163,20 +165,22 @@ def _child(case: str, calls: int, tool: str) -> None:
         subprocess.run(["callgrind_control", *args, str(os.getpid())], check=True,
                        capture_output=True, timeout=60)
 
-    with _SETUPS[case]() as once:
-        for _ in range(WARM_UP):
-            once()
-        if tool == "callgrind":
-            control("--instr=on")
-            control("--zero")
-            control("--dump")  # the window's own cost
-            for _ in range(calls):
+    for case, n in zip(cases, calls, strict=True):
+        with _SETUPS[case]() as once:
+            for _ in range(WARM_UP):
                 once()
-            control("--dump")
-            control("--instr=off")
-        else:
-            for _ in range(calls):
-                once()
+            gc.collect()  # the collector's counters the same at every start of a window
+            if tool == "callgrind":
+                control("--instr=on")
+                control("--zero")
+                control("--dump")  # the window's own cost
+                for _ in range(n):
+                    once()
+                control("--dump")
+                control("--instr=off")
+            else:
+                for _ in range(n):
+                    once()
 
 
 # --- the parent -----------------------------------------------------------------------------
@@ -214,18 +218,23 @@ def tool() -> tuple[str | None, str]:
     return None, f"{why}, no perf"
 
 
-def _callgrind(case: str, calls: int) -> float:
+def _callgrind(cases: dict[str, int]) -> dict[str, float]:
+    """Instructions per call of each case, all in one child (one start, one set of imports)."""
     out = Path(tempfile.mkdtemp(prefix="cg", dir="/tmp"))
     try:
         subprocess.run(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no",
              f"--callgrind-out-file={out / 'cg.out'}", sys.executable, "-m",
-             "hack.benches.instructions", "--child", case, str(calls), "callgrind"],
+             "hack.benches.instructions", "--child", ",".join(cases),
+             ",".join(map(str, cases.values())), "callgrind"],
             check=True, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600)
-        empty, full = (_summary(out / f"cg.out.{i}") for i in (1, 2))
+        result = {}
+        for k, (case, calls) in enumerate(cases.items()):
+            empty, full = (_summary(out / f"cg.out.{2 * k + i}") for i in (1, 2))
+            result[case] = (full - empty) / calls
+        return result
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    return (full - empty) / calls
 
 
 def _summary(dump: Path) -> int:
@@ -235,8 +244,9 @@ def _summary(dump: Path) -> int:
     return int(match.group(1))
 
 
-def _perf(case: str, calls: int) -> float:
-    def count(n: int) -> int:
+def _perf(cases: dict[str, int]) -> dict[str, float]:
+    """Instructions per call of each case: a child running its calls less one running none."""
+    def count(case: str, n: int) -> int:
         done = subprocess.run(
             ["perf", "stat", "-x,", "-e", "instructions:u", sys.executable, "-m",
              "hack.benches.instructions", "--child", case, str(n), "perf"],
@@ -246,7 +256,7 @@ def _perf(case: str, calls: int) -> float:
             raise RuntimeError(f"perf stat: no count in {done.stderr.strip()!r}")
         return int(match.group(1))
 
-    return (count(calls) - count(0)) / calls
+    return {case: (count(case, n) - count(case, 0)) / n for case, n in cases.items()}
 
 
 def run(quick: bool) -> list[Figure]:  # quick: the same counts either way
@@ -256,13 +266,13 @@ def run(quick: bool) -> list[Figure]:  # quick: the same counts either way
         return []
     print(f"# instructions: counted by {which}")
     measure = _callgrind if which == "callgrind" else _perf
-    return [Figure(name, measure(case, calls) / 1e6, "Minstr")
-            for case, (name, calls) in CASES.items()]
+    counts = measure({case: calls for case, (_, calls) in CASES.items()})
+    return [Figure(name, counts[case] / 1e6, "Minstr") for case, (name, _) in CASES.items()]
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        _child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        _child(sys.argv[2].split(","), [int(n) for n in sys.argv[3].split(",")], sys.argv[4])
     else:
         for figure in run(quick=False):
             print(figure.row())
