@@ -31,10 +31,11 @@ checkout under PYTHONDONTWRITEBYTECODE=1 would compile every module at each star
 Publishing N devices (8, 128, 2,048) for a node, on a second API server that writes an audit
 log: ``peer-slices`` (the upstream resourceslice controller alone) and ``python -m
 hack.benches.publisher`` (the agent's agent/slices alone), each its own process under its own
-node's credentials, idle and in sync with no devices, then told to publish N devices: the time
-until a watch shows every slice of the pool, and the requests that node's identity sent for it
-(counted in the audit log, so both sides are counted alike), then told to remove them again.
-Interleaved per size, who goes first alternating per round.
+node's credentials, started afresh for each publish (a driver publishes at its start), idle
+with no devices until the audit log shows its slice watch, then told to publish N devices: the
+time until a watch shows every slice of the pool, and the requests that node's identity sent
+for it (counted in the audit log, so both sides are counted alike); then stopped, and its
+slices deleted by the admin. Interleaved per size, who goes first alternating per round.
 
 Skipped with one line when the binaries are not built (``hack/realk8s/build.sh 1.37``).
 """
@@ -390,8 +391,9 @@ class _Publisher:
         line = self.proc.stdout.readline().strip() if ready else ""
         if line != expected:
             self.close()
-            raise RuntimeError(f"{self.name}: said {line!r}, not {expected!r} "
-                               f"(log: {self._log.name})")
+            said = Path(self._log.name).read_text(errors="replace").strip().splitlines()
+            raise RuntimeError(f"{self.name}: said {line!r}, not {expected!r}; its last log "
+                               f"line: {said[-1] if said else '(none)'}")
 
     def publish(self, devices: Path) -> None:
         assert self.proc.stdin is not None
