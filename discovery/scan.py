@@ -18,6 +18,7 @@ from discovery.gpus import scan_nvidia
 from discovery.model import Device, DeviceType, Inventory
 from discovery.names import natural_key
 from discovery.nics import NicFilter, scan_nics, uplink_interfaces
+from discovery.sharing import SharingMode, apply_sharing
 from discovery.sources import Sources
 from discovery.sysfs import Sysfs, endpoints_below
 
@@ -34,13 +35,15 @@ class DiscoveryOptions:
     lets the agent run beside another driver that owns that hardware, so one device is never
     offered twice. Interface patterns are fnmatch globs on ifName, PCI address or device name.
     ``node_addresses`` are addresses the node is known by (e.g. its InternalIP): the NIC
-    holding one is reserved, like the default-route NIC.
+    holding one is reserved, like the default-route NIC. ``sharing``: the device types
+    published shareable, and how (``discovery.sharing``).
     """
 
     device_types: tuple[str, ...] = ALL_TYPES
     include_ifaces: tuple[str, ...] = ()
     exclude_ifaces: tuple[str, ...] = ()
     node_addresses: tuple[str, ...] = ()
+    sharing: tuple[SharingMode, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.device_types) - set(ALL_TYPES))
@@ -97,6 +100,7 @@ def discover(sources: Sources, options: DiscoveryOptions | None = None) -> Inven
         devices += nic_scan.devices
         reserved.update(nic_scan.reserved)
 
+    devices = apply_sharing(devices, options.sharing, warnings)
     devices = _unique([fit_limits(d) for d in devices], warnings)
     log.debug("discovery done", extra={
         "devices": len(devices), "reserved": len(reserved), "source": sources.label,

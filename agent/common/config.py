@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import click
 
+from discovery.sharing import SharingMode, parse_sharing_list
+
 ENV_PREFIX = "DRA_AGENT_"
 DEFAULT_DRIVER = "dra-agent.io"
 ALL_DEVICE_TYPES = ("gpu", "mig", "nic", "vf")
@@ -42,6 +44,8 @@ class Config:
     device_types: tuple[str, ...] = ALL_DEVICE_TYPES
     #: numaNode as an int list (1.37 DRAListTypeAttributes) or an int; auto asks the server.
     numa_node_attribute: str = "auto"
+    #: Device types published shareable (``--sharing gpu=shares:4``), discovery/sharing.py.
+    sharing: tuple[SharingMode, ...] = ()
     config_file: Path | None = None
 
     @property
@@ -76,6 +80,20 @@ def _numa_form(value: Any) -> str:
     if value not in NUMA_NODE_FORMS:
         raise ValueError(f"expected one of {', '.join(NUMA_NODE_FORMS)}, got {_kind(value)}")
     return str(value)
+
+
+def _sharing(value: Any) -> tuple[SharingMode, ...]:
+    if isinstance(value, SharingMode):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, SharingMode) for v in value):
+            return tuple(value)
+        items = [str(v) if isinstance(v, str) else _kind(v) for v in value]
+    elif isinstance(value, str):
+        items = value.split()  # DRA_AGENT_SHARING="gpu=shares:4 nic=bandwidth"
+    else:
+        raise ValueError(f"expected TYPE=MODE strings, got {_kind(value)}")
+    return parse_sharing_list(items)
 
 
 def _text(value: Any) -> str:
@@ -118,6 +136,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "config_file": _path,
     "verbosity": _verbosity,
     "device_types": _parse_device_types,
+    "sharing": _sharing,
 }
 
 #: A config file is a few lines; anything bigger is the wrong file (a log, a disk image).
@@ -225,6 +244,10 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         "type": click.Choice(NUMA_NODE_FORMS),
         "help": "numaNode as an int list (needs DRAListTypeAttributes) or an int; auto asks "
                 "the API server [default: auto]"}),
+    (("--sharing",), {
+        "multiple": True, "metavar": "TYPE=MODE",
+        "help": "publish a device type shareable: gpu=shares:N, gpu=memory[:STEP], "
+                "nic=shares:N, nic=bandwidth[:STEP] (repeatable) [default: exclusive]"}),
     (("--metrics-address",), {"help": "host:port of metrics and health [default: 127.0.0.1:9464]"}),
     (("--config", "config_file"), {"help": "YAML config file", "type": click.Path()}),
     (("--log-format",), {"type": click.Choice(["logfmt", "json"])}),
