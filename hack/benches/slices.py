@@ -37,8 +37,9 @@ NODE = "bench-node"
 WRITES = ("create", "update", "delete")
 
 
-def _resources(count: int) -> DriverResources:
-    devices = [
+def devices(count: int) -> list[dict[str, Any]]:
+    """``count`` H100-like GPUs in the v1 API's form (six attributes, one capacity)."""
+    return [
         {
             "name": f"gpu-{i}",
             "attributes": {
@@ -53,7 +54,10 @@ def _resources(count: int) -> DriverResources:
         }
         for i in range(count)
     ]
-    return DriverResources({NODE: Pool(chunk_devices(devices))})
+
+
+def _resources(count: int) -> DriverResources:
+    return DriverResources({NODE: Pool(chunk_devices(devices(count)))})
 
 
 class CountingClient(KubeSliceClient):
@@ -100,10 +104,11 @@ class CountingClient(KubeSliceClient):
 
 
 class Observer:
-    """A scheduler's view: this node's slices as a watch delivers them."""
+    """A scheduler's view: ``node``'s slices as a watch delivers them."""
 
-    def __init__(self, api_client: Any) -> None:
+    def __init__(self, api_client: Any, node: str = NODE) -> None:
         self._client = KubeSliceClient(api_client)
+        self._node = node
         self._cond = threading.Condition()
         self._devices: dict[str, tuple[int, int]] = {}  # name -> (devices, sliceCount)
         self._stop = threading.Event()
@@ -123,7 +128,7 @@ class Observer:
             self._cond.notify_all()
 
     def _run(self) -> None:
-        selector = f"spec.nodeName={NODE}"
+        selector = f"spec.nodeName={self._node}"
         while not self._stop.is_set():
             try:
                 listed = self._client.list("v1", selector)

@@ -7,10 +7,11 @@
 # Every run also builds helm (hack/realk8s/helm/go.mod pins it) into hack/realk8s/bin/helm;
 # `build.sh helm` builds only that.
 #
-# Output: hack/realk8s/bin/<minor>/{kube-apiserver,etcd,kubectl,allocate,kubelet-dra,peer-driver}
-# (git-ignored); the last three are ours (tools/: the scheduler's allocator on JSON, the
-# kubelet's DRA manager and plugin manager driven over stdin, and a Go driver on the upstream
-# kubeletplugin helper for the vs-upstream benchmark). A build whose inputs (go.mod,
+# Output: hack/realk8s/bin/<minor>/{kube-apiserver,etcd,kubectl,allocate,kubelet-dra,peer-driver,
+# peer-slices} (git-ignored); the last four are ours (tools/: the scheduler's allocator on JSON,
+# the kubelet's DRA manager and plugin manager driven over stdin, and for the vs-upstream
+# benchmark a Go driver on the upstream kubeletplugin helper and the upstream resourceslice
+# controller alone). A build whose inputs (go.mod,
 # go.sum, tools/, this script, the Go toolchain) are unchanged is a no-op. Prints how
 # long it took; the last line of each minor is the bin directory.
 set -euo pipefail
@@ -18,7 +19,8 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 SUPPORTED="1.37 1.35"
 TOOLS=github.com/dra-agent/dra-agent/hack/realk8s/tools
-# peer-driver (the vs-upstream benchmark's Go driver) follows the current minor's helper only.
+# peer-driver and peer-slices (the vs-upstream benchmark's Go programs) follow the current
+# minor's helper and controller only.
 PEER_MINOR=1.37
 
 die() { echo "build.sh: $*" >&2; exit 1; }
@@ -52,7 +54,7 @@ build_one() {
     if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ] &&
         [ -x "$out/kube-apiserver" ] && [ -x "$out/etcd" ] && [ -x "$out/kubectl" ] &&
         [ -x "$out/allocate" ] && [ -x "$out/kubelet-dra" ] &&
-        { [ "$minor" != "$PEER_MINOR" ] || [ -x "$out/peer-driver" ]; }; then
+        { [ "$minor" != "$PEER_MINOR" ] || { [ -x "$out/peer-driver" ] && [ -x "$out/peer-slices" ]; }; }; then
         echo "build.sh: $minor ($version) is current, nothing to do (0 s)" >&2
         echo "$out"
         return
@@ -60,7 +62,9 @@ build_one() {
 
     local start tmp log
     local peer="" bins="kube-apiserver etcd kubectl allocate kubelet-dra"
-    if [ "$minor" = "$PEER_MINOR" ]; then peer="$TOOLS/peer-driver"; bins="$bins peer-driver"; fi
+    if [ "$minor" = "$PEER_MINOR" ]; then
+        peer="$TOOLS/peer-driver $TOOLS/peer-slices"; bins="$bins peer-driver peer-slices"
+    fi
     start=$(date +%s)
     tmp="$(mktemp -d "$HERE/bin/.build-$minor.XXXXXX")"
     log="$HERE/bin/build-$minor.log"

@@ -2,13 +2,16 @@
 # Starts a real etcd + kube-apiserver on loopback, all state under DIR.
 #
 #   hack/realk8s/up.sh [--version 1.37|1.35] [--port N] [--resource-versions v1,v1beta2,v1beta1]
-#                      [--feature-gates G=true,...] DIR
+#                      [--feature-gates G=true,...] [--audit] DIR
 #
 # TLS everywhere, --authorization-mode=Node,RBAC, NodeRestriction, a service-account issuer with
 # its keys. resource.k8s.io is served at every version in --resource-versions (default all three;
 # upstream serves only v1 by default). Ports are free ones unless --port names the API server's.
 # Waits for /readyz, then writes DIR/admin.kubeconfig (system:masters) and DIR/cluster.env
 # (ports, pids, version) and prints the server URL. Stop with hack/realk8s/down.sh DIR.
+# --audit: every request but the server's own, at level Metadata (who, verb, resource, when),
+# one JSON event per line in DIR/audit.log, written before the response (blocking mode): what
+# the vs-upstream benchmark counts a publisher's requests by.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -20,6 +23,7 @@ MINOR=1.37
 PORT=""
 RESOURCE_VERSIONS="v1,v1beta2,v1beta1"
 FEATURE_GATES=""
+AUDIT=""
 DIR=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -31,7 +35,8 @@ while [ $# -gt 0 ]; do
         --resource-versions=*) RESOURCE_VERSIONS="${1#*=}"; shift ;;
         --feature-gates) FEATURE_GATES="${2:?--feature-gates needs a value}"; shift 2 ;;
         --feature-gates=*) FEATURE_GATES="${1#*=}"; shift ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        --audit) AUDIT=1; shift ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         -*) die "unknown option $1" ;;
         *) [ -z "$DIR" ] || die "only one DIR, got '$DIR' and '$1'"; DIR="$1"; shift ;;
     esac
@@ -149,6 +154,19 @@ for v in ${RESOURCE_VERSIONS//,/ }; do
 done
 EXTRA=()
 [ -z "$FEATURE_GATES" ] || EXTRA+=("--feature-gates=$FEATURE_GATES")
+if [ -n "$AUDIT" ]; then
+    cat >"$DIR/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: None
+  users: ["system:apiserver"]
+- level: Metadata
+POLICY
+    EXTRA+=("--audit-policy-file=$DIR/audit-policy.yaml" "--audit-log-path=$DIR/audit.log"
+            "--audit-log-mode=blocking" "--audit-log-format=json")
+fi
 
 setsid "$BIN/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
