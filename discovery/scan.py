@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from discovery.attrs import fit_limits
@@ -18,12 +18,18 @@ from discovery.gpus import scan_nvidia
 from discovery.model import Device, DeviceType, Inventory
 from discovery.names import natural_key
 from discovery.nics import NicFilter, scan_nics, uplink_interfaces
+from discovery.partitions import OwnedKey
 from discovery.sources import Sources
 from discovery.sysfs import Sysfs, endpoints_below
 
 log = logging.getLogger("discovery.scan")
 
 ALL_TYPES: tuple[str, ...] = tuple(str(t) for t in DeviceType)
+MIG_MODES = ("static", "dynamic")
+
+
+def no_owned_instances() -> Collection[OwnedKey]:
+    return ()
 #: Start of the warning given when sysfs has no readable PCI device at all.
 SYSFS_UNREADABLE = "no PCI devices readable"
 
@@ -41,8 +47,15 @@ class DiscoveryOptions:
     include_ifaces: tuple[str, ...] = ()
     exclude_ifaces: tuple[str, ...] = ()
     node_addresses: tuple[str, ...] = ()
+    #: ``static``: offer the MIG instances that exist; ``dynamic``: offer every partition a
+    #: MIG-mode GPU has room for (discovery.partitions), ``mig_owned`` naming the instances
+    #: dra-agent created (the checkpoint's).
+    mig: str = "static"
+    mig_owned: Callable[[], Collection[OwnedKey]] = no_owned_instances
 
     def __post_init__(self) -> None:
+        if self.mig not in MIG_MODES:
+            raise ValueError(f"unknown MIG mode {self.mig!r}; one of {', '.join(MIG_MODES)}")
         unknown = sorted(set(self.device_types) - set(ALL_TYPES))
         if unknown:
             raise ValueError(f"unknown device type(s): {', '.join(unknown)}")
@@ -80,6 +93,7 @@ def discover(sources: Sources, options: DiscoveryOptions | None = None) -> Inven
     gpu_scan = scan_nvidia(
         sources.gpu, pci, below, sources.dev_root,
         want_gpu=options.wants(DeviceType.GPU), want_mig=options.wants(DeviceType.MIG),
+        mig_owned=options.mig_owned if options.mig == "dynamic" else None,
     )
     devices += gpu_scan.devices
     reserved.update(gpu_scan.reserved)
@@ -106,6 +120,7 @@ def discover(sources: Sources, options: DiscoveryOptions | None = None) -> Inven
         devices=tuple(sorted(devices, key=lambda d: natural_key(d.name))),
         warnings=tuple(warnings),
         reserved=dict(sorted(reserved.items())),
+        counter_sets=tuple(gpu_scan.counter_sets),
     )
 
 

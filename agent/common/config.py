@@ -20,6 +20,7 @@ ENV_PREFIX = "DRA_AGENT_"
 DEFAULT_DRIVER = "dra-agent.io"
 ALL_DEVICE_TYPES = ("gpu", "mig", "nic", "vf")
 NUMA_NODE_FORMS = ("auto", "list", "scalar")  # agent/slices/listattrs.py: what each means
+MIG_MODES = ("static", "dynamic")  # discovery/partitions.py: what dynamic publishes
 
 
 class ConfigError(click.UsageError):
@@ -42,6 +43,8 @@ class Config:
     device_types: tuple[str, ...] = ALL_DEVICE_TYPES
     #: numaNode as an int list (1.37 DRAListTypeAttributes) or an int; auto asks the server.
     numa_node_attribute: str = "auto"
+    #: static: offer the MIG instances that exist; dynamic: every partition, made at prepare.
+    mig: str = "static"
     config_file: Path | None = None
 
     @property
@@ -76,6 +79,13 @@ def _numa_form(value: Any) -> str:
     if value not in NUMA_NODE_FORMS:
         raise ValueError(f"expected one of {', '.join(NUMA_NODE_FORMS)}, got {_kind(value)}")
     return str(value)
+
+
+def _mig_mode(value: Any) -> str:
+    text = _text(value)
+    if text not in MIG_MODES:
+        raise ValueError(f"must be one of {', '.join(MIG_MODES)}, not {text!r}")
+    return text
 
 
 def _text(value: Any) -> str:
@@ -113,6 +123,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "sysfs_root": _path,
     "simulate": _text,
     "numa_node_attribute": _numa_form,
+    "mig": _mig_mode,
     "metrics_address": _text,
     "log_format": _text,
     "config_file": _path,
@@ -225,6 +236,10 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         "type": click.Choice(NUMA_NODE_FORMS),
         "help": "numaNode as an int list (needs DRAListTypeAttributes) or an int; auto asks "
                 "the API server [default: auto]"}),
+    (("--mig",), {
+        "type": click.Choice(MIG_MODES),
+        "help": "MIG: offer the instances that exist, or every partition a MIG-mode GPU has "
+                "room for, created at prepare [default: static]"}),
     (("--metrics-address",), {"help": "host:port of metrics and health [default: 127.0.0.1:9464]"}),
     (("--config", "config_file"), {"help": "YAML config file", "type": click.Path()}),
     (("--log-format",), {"type": click.Choice(["logfmt", "json"])}),
