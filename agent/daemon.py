@@ -211,7 +211,8 @@ class Daemon:
         self.notifier.status("discovering devices")
         sources = self.sources = self._sources()
         discovery_options = DiscoveryOptions(
-            device_types=cfg.device_types, node_addresses=self.options.node_addresses
+            device_types=cfg.device_types, node_addresses=self.options.node_addresses,
+            mig=cfg.mig, mig_owned=self._mig_owned,
         )
         started = time.perf_counter()
         inventory = discover(sources, discovery_options)
@@ -309,6 +310,18 @@ class Daemon:
     def _health_changed(self, _health: Mapping[str, Any]) -> None:
         self._publish(self.inventory)
 
+    def _mig_owned(self) -> frozenset[tuple[str, int, int]]:
+        """The MIG instances our checkpoint names (--mig dynamic): the plugin's records once it
+        runs; before, a look at the checkpoint file, so the first publish already knows."""
+        from agent.checkpoint.store import CheckpointStore
+        from agent.prepare.partitions import owned_instances
+
+        if self.plugin is not None:
+            return owned_instances(self.plugin.checkpoint.claims())
+        if not self.cfg.checkpoint_path.is_file():
+            return frozenset()
+        return owned_instances(CheckpointStore(self.cfg.checkpoint_path).claims())
+
     def _start_plugin(self, api_client: Any) -> None:
         from agent.common.failpoints import FailpointConfigError, Failpoints
         from agent.plugin import AlreadyRunningError, PluginOptions, PluginServer, SocketError
@@ -338,10 +351,15 @@ class Daemon:
             failpoints = Failpoints.from_env(self.environ)
         except FailpointConfigError as err:
             raise DaemonError(str(err)) from err
+        partitions = None
+        if cfg.mig == "dynamic" and self.sources is not None and self.sources.gpu is not None:
+            from agent.prepare.partitions import MigPartitions
+
+            partitions = MigPartitions(self.sources.gpu, failpoints)
         self.plugin = PluginServer(
             options, api_client, lambda: self.inventory, edits, self.metrics, health_servicer,
             claim_source=None if api_client is not None else NoAPIClaimSource(),
-            failpoints=failpoints,
+            failpoints=failpoints, partitions=partitions,
         )
         try:
             self.plugin.start()

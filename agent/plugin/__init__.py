@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.checkpoint.store import CheckpointStore, read_boot_id
 from agent.common.failpoints import Failpoints
@@ -43,6 +43,9 @@ from agent.prepare.metadatafiles import HostMetadataFiles
 from agent.prepare.recovery import recover
 from agent.prepare.state import DevicePreparer
 from discovery.model import Inventory
+
+if TYPE_CHECKING:
+    from agent.prepare.partitions import MigPartitions
 
 __all__ = [
     "AlreadyRunningError",
@@ -92,6 +95,7 @@ class PluginServer:
         *,
         claim_source: ClaimSource | None = None,
         failpoints: Failpoints | None = None,
+        partitions: MigPartitions | None = None,
     ) -> None:
         if api_client is None and claim_source is None:
             # Without an API server there is no claim to read: fail at start, not per call.
@@ -113,7 +117,7 @@ class PluginServer:
             driver=options.driver_name, pool=options.pool, node_name=options.node_name,
             checkpoint=self.checkpoint, specs=self.specs, inventory=inventory_provider,
             boot_id=read_boot_id(options.boot_id_path), metrics=self.metrics,
-            metadata=metadata,
+            metadata=metadata, partitions=partitions,
         )
         self.framework = PluginFramework(
             options.driver_name,

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.checkpoint.model import ClaimRecord, ClaimState, PreparedDevice
 from agent.checkpoint.store import CheckpointStore, CheckpointWriteError
@@ -58,6 +59,9 @@ from agent.prepare.errors import (
 from cdi.errors import CDIError
 from discovery.model import Device, Inventory
 
+if TYPE_CHECKING:
+    from agent.prepare.partitions import MigPartitions
+
 log = logging.getLogger(__name__)
 
 
@@ -84,6 +88,7 @@ class DevicePreparer:
         metrics: Metrics | None = None,
         failpoints: Failpoints | None = None,
         metadata: ClaimMetadata | None = None,
+        partitions: MigPartitions | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -96,6 +101,8 @@ class DevicePreparer:
         #: Crash-test hooks (``agent.common.failpoints``); None in normal operation.
         self.failpoints = failpoints
         self.metadata = metadata or ClaimMetadata(driver, None, enabled=False)
+        #: Dynamic MIG (``--mig dynamic``): creates the partitions claims are allocated.
+        self.partitions = partitions
 
     # -- prepare --------------------------------------------------------------------------
 
@@ -137,6 +144,9 @@ class DevicePreparer:
         self.store(ref, start, durable=False)
         try:
             hit(self.failpoints, Point.PREPARE_AFTER_STARTED, ref.uid)
+            if self.partitions is not None:  # durable intent first, then the instances
+                record, spec_devices = self.partitions.prepare(
+                    ref, record, spec_devices, lambda r: self.store(ref, put_record(r)))
             self.metadata.write(ref, files)  # first: the spec's mounts name these files
             if spec_devices:
                 self.write_spec(ref, spec_devices)
@@ -145,10 +155,24 @@ class DevicePreparer:
             self.store(ref, lambda claims: claims.__setitem__(ref.uid, done))
             hit(self.failpoints, Point.PREPARE_AFTER_COMPLETED, ref.uid)
         except BaseException:
-            self._rollback(record)
+            if self._partitions_released(ref):
+                self._rollback(record)
             raise
         self.update_gauges()
         return done
+
+    def _partitions_released(self, ref: ClaimRef) -> bool:
+        """Destroy what a failed prepare created; False (the PrepareStarted record stays,
+        for start-up to finish) when that fails."""
+        if self.partitions is None:
+            return True
+        try:
+            self.partitions.release(str(ref), self.checkpoint.claims().get(ref.uid))
+        except ClaimError as err:
+            log.error("rollback cannot destroy a MIG partition; start-up retries",
+                      extra={"claim": ref.uid, "error": str(err)})
+            return False
+        return True
 
     def prepare_recorded(self, ref: ClaimRef) -> ClaimRecord | None:
         """Answer a repeated prepare from the checkpoint alone; None when the claim is needed.
@@ -225,6 +249,10 @@ class DevicePreparer:
         """Write a prepared claim's metadata files and spec again from ``inventory``; the
         record as it is then (not stored). A claim prepared without metadata files stays so;
         with the feature switched off since, its files go."""
+        if self.partitions is not None:
+            from agent.prepare.partitions import overlay
+
+            inventory = overlay(record, self.pool, inventory)
         devices = [self.spec_device(claim, r, inventory) for r in results]
         files, devices, metadata = self.metadata.plan(
             claim, results, devices, wanted=record.metadata is not None)
@@ -366,6 +394,9 @@ class DevicePreparer:
             self.metadata.remove(record)
         elif ref is not None and ref.uid == uid:
             self.metadata.remove_unrecorded(ref, claims)
+        if self.partitions is not None and record is not None:  # an error: the kubelet retries
+            self.partitions.release(str(ref) if ref is not None else uid, record)
+            hit(self.failpoints, Point.MIG_AFTER_DESTROYED, uid)
         hit(self.failpoints, Point.UNPREPARE_AFTER_SPEC_REMOVED, uid)
         self.checkpoint.update(lambda claims: claims.pop(uid, None))
         hit(self.failpoints, Point.UNPREPARE_AFTER_COMPLETED, uid)

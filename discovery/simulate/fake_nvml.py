@@ -13,16 +13,21 @@ the GPU's model, no two GIs on one memory slice, one 1g+me per GPU, no GI destro
 holds compute instances or a process runs on it) with the NVML return codes the driver gives:
 NOT_SUPPORTED without MIG mode, INVALID_ARGUMENT for a placement the profile does not have,
 INSUFFICIENT_RESOURCES for a taken one, IN_USE for a busy instance. ``FakeGpu.busy`` holds the
-GI ids another process is using.
+GI ids another process is using. With ``state_path`` the instances outlive the process, as
+on a real GPU: every change is written there and a new FakeNvml on the same path starts from
+it (crash tests kill the agent and look at the "hardware" afterwards).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import queue
 import threading
 import uuid as uuidlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from discovery.gpulib import (
     EVENT_DOUBLE_BIT_ECC,
@@ -188,7 +193,8 @@ class FakeNvml:
     """In-memory NVML. Thread-safe enough for one scanner plus one health watcher."""
 
     def __init__(self, gpus: list[FakeGpu], driver: str = "550.54.15", cuda: int = 12040,
-                 init_error: GpuLibraryError | None = None) -> None:
+                 init_error: GpuLibraryError | None = None,
+                 state_path: Path | None = None) -> None:
         self.gpus = gpus
         self.driver = driver
         self.cuda = cuda
@@ -198,6 +204,31 @@ class FakeNvml:
         self._faults: dict[tuple[str, str | None], GpuLibraryError] = {}
         self._sets: list[_EventSet] = []
         self.calls = 0  # number of library calls, for tests that check caching
+        self.state_path = state_path
+        if state_path is not None and state_path.exists():
+            self._load(state_path)
+
+    # -- persistence (the GPU's MIG layout outlives the process) -------------------------------
+    def _load(self, path: Path) -> None:
+        saved = json.loads(path.read_text())
+        for gpu in self.gpus:
+            entry = saved.get(gpu.uuid)
+            if entry is None:
+                continue
+            table = gpu.profile_table()
+            gpu.created = int(entry["created"])
+            gpu.migs = [FakeMig(m["gi"], m["ci"], table[m["profile"]], m["start"],
+                                m["ciSlices"], m["uuid"]) for m in entry["migs"]]
+
+    def _save(self) -> None:
+        if self.state_path is None:
+            return
+        state = {g.uuid: {"created": g.created, "migs": [
+            {"gi": m.gi, "ci": m.ci, "profile": m.profile.id, "start": m.start,
+             "ciSlices": m.ci_slices, "uuid": m.uuid} for m in g.migs]} for g in self.gpus}
+        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.state_path)
 
     # -- fault hooks -----------------------------------------------------------------------
     def fail(self, call: str, error: GpuLibraryError, uuid: str | None = None) -> None:
@@ -468,6 +499,7 @@ class FakeNvml:
                     f"no room for another profile {profile_id} instance", call=call)
             gi_id = next(i for i in range(1, 15) if i not in gis)
             gpu.migs.append(FakeMig(gi_id, NO_CI, profile, placement.start))
+            self._save()
         self._deliver(gpu, EVENT_MIG_CONFIG_CHANGE, 0, None)
         return GpuInstanceInfo(gi_id, profile_id, placement.start, size)
 
@@ -504,6 +536,7 @@ class FakeNvml:
                           0 if slices == gi.profile.slices else slices, uuid)
             gpu.migs = [m for m in gpu.migs
                         if not (m.gi == gpu_instance_id and m.ci == NO_CI)] + [mig]
+            self._save()
         self._deliver(gpu, EVENT_MIG_CONFIG_CHANGE, 0, None)
         return ci
 
@@ -529,6 +562,7 @@ class FakeNvml:
             if len(entries) == 1:  # the GI stays, empty
                 gpu.migs.append(FakeMig(gpu_instance_id, NO_CI, target[0].profile,
                                         target[0].start))
+            self._save()
         self._deliver(gpu, EVENT_MIG_CONFIG_CHANGE, 0, None)
 
     def destroy_gpu_instance(self, handle: DeviceHandle, gpu_instance_id: int) -> None:
@@ -540,6 +574,7 @@ class FakeNvml:
                 raise InUseError(f"GPU instance {gpu_instance_id} holds compute instances "
                                  "or runs processes", call=call)
             gpu.migs.remove(entries[0])
+            self._save()
         self._deliver(gpu, EVENT_MIG_CONFIG_CHANGE, 0, None)
 
     def device_supported_event_types(self, handle: DeviceHandle) -> int:

@@ -362,8 +362,11 @@ def scratch_dir() -> tempfile.TemporaryDirectory[str]:
     return tempfile.TemporaryDirectory(prefix="dra-agent-sim-", dir=scratch_parent())
 
 
-def simulated_sources(profile: str, workdir: Path) -> Sources:
+def simulated_sources(profile: str, workdir: Path, mig_state: Path | None = None) -> Sources:
     """Generate ``profile`` under ``workdir`` ({sys,proc,dev}) and return its Sources.
+
+    ``mig_state``: a file the NVML fake keeps its MIG instances in, so they outlive the
+    process like a real GPU's (``FakeNvml.state_path``).
 
     A work directory is only ever cleared when it holds a previous simulation (marker file),
     so a mistyped path never deletes anything else.
@@ -392,7 +395,7 @@ def simulated_sources(profile: str, workdir: Path) -> Sources:
     touch_nodes(dev, node.dev_nodes)
     return Sources(
         sysfs_root=workdir / "sys",
-        gpu=FakeNvml(node.gpus, driver=node.driver),
+        gpu=FakeNvml(node.gpus, driver=node.driver, state_path=mig_state),
         dev_root=dev,
         routes=ProcRoutes(workdir / "proc"),
         proc_root=workdir / "proc",
