@@ -160,27 +160,26 @@ def plan_gpu(lib: GpuLibrary, handle: DeviceHandle, gpu: GpuFacts,
                      for k, v in totals.items() if v > 0})
     set_name = counter_set_name(gpu.name)
     for p in profiles:
-        for where in placements.get(p.id, ()):
-            span = set(range(where.start, where.start + where.size))
-            needs = {"memory": p.memory_mib, **_engines(p)}
-            if span & taken or any(totals[k] < v for k, v in needs.items() if v):
-                continue  # overlaps a foreign instance, or what is left cannot hold it
-            out.devices.append(_device(gpu, p, where, set_name))
+        needs = {"memory": p.memory_mib, **_engines(p)}
+        free = [w for w in placements.get(p.id, ())
+                if not set(range(w.start, w.start + w.size)) & taken]
+        if not free or any(totals[k] < v for k, v in needs.items() if v):
+            continue  # overlaps a foreign instance, or what is left cannot hold it
+        out.devices += _devices(gpu, p, free, set_name)
     if out.devices:
         out.counter_set = CounterSet(set_name, counters)
     return out
 
 
-def _device(gpu: GpuFacts, p: GpuInstanceProfile, where: Placement, set_name: str) -> Device:
+def _devices(gpu: GpuFacts, p: GpuInstanceProfile, where: list[Placement],
+             set_name: str) -> list[Device]:
+    """The partitions of one profile at each placement (what they share is built once)."""
     attrs = MigAttributes(p.multiprocessors, p.copy_engines, p.decoders, p.encoders,
                           p.jpeg_engines, p.ofa_engines, p.slices, p.slices, p.memory_mib)
     profile = mig_profile_name(attrs, gpu.memory, me=p.id == PROFILE_1G_ME)
-    name = mig_name(gpu.minor, profile, where.start)
-    attributes = dict(gpu.attrs)
-    attributes.update(parentUUID=gpu.uuid, parentMinor=gpu.minor, profile=profile,
-                      placementStart=where.start, placementSize=where.size, partition=True)
+    memory = quantity(p.memory_mib * 1024 * 1024)
     capacity = {
-        "memory": quantity(p.memory_mib * 1024 * 1024),
+        "memory": memory,
         "multiprocessors": str(p.multiprocessors),
         "copyEngines": str(p.copy_engines),
         "decoders": str(p.decoders),
@@ -188,14 +187,21 @@ def _device(gpu: GpuFacts, p: GpuInstanceProfile, where: Placement, set_name: st
         "jpegEngines": str(p.jpeg_engines),
         "ofaEngines": str(p.ofa_engines),
     }
-    consumed = {slice_counter(i): "1" for i in range(where.start, where.start + where.size)}
-    consumed["memory"] = quantity(p.memory_mib * 1024 * 1024)
-    consumed.update({k: str(v) for k, v in _engines(p).items() if v > 0})
-    host = HostInfo(
-        pci_address=gpu.host.pci_address, vendor="nvidia", parent_uuid=gpu.uuid,
-        minor=gpu.minor, dev_nodes=gpu.host.dev_nodes, driver=gpu.host.driver,
-        extra={EXTRA_PROFILE_ID: str(p.id), EXTRA_START: str(where.start),
-               EXTRA_SIZE: str(where.size), EXTRA_SLICES: str(p.slices)},
-    )
-    return Device(name, DeviceType.MIG, attributes, capacity, host,
-                  consumes=(CounterConsumption(set_name, consumed),))
+    shared = dict(gpu.attrs)
+    shared.update(parentUUID=gpu.uuid, parentMinor=gpu.minor, profile=profile, partition=True)
+    engines = {k: str(v) for k, v in _engines(p).items() if v > 0}
+    out = []
+    for w in where:
+        attributes = {**shared, "placementStart": w.start, "placementSize": w.size}
+        consumed = {slice_counter(i): "1" for i in range(w.start, w.start + w.size)}
+        consumed["memory"] = memory
+        consumed.update(engines)
+        host = HostInfo(
+            pci_address=gpu.host.pci_address, vendor="nvidia", parent_uuid=gpu.uuid,
+            minor=gpu.minor, dev_nodes=gpu.host.dev_nodes, driver=gpu.host.driver,
+            extra={EXTRA_PROFILE_ID: str(p.id), EXTRA_START: str(w.start),
+                   EXTRA_SIZE: str(w.size), EXTRA_SLICES: str(p.slices)},
+        )
+        out.append(Device(mig_name(gpu.minor, profile, w.start), DeviceType.MIG, attributes,
+                          capacity, host, consumes=(CounterConsumption(set_name, consumed),)))
+    return out

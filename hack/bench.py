@@ -15,7 +15,8 @@ import time
 from hack.benches import Figure
 
 AREAS = (
-    "discovery", "cdi", "plugin", "flood", "slices", "startup", "explain", "health", "ops", "e2e",
+    "discovery", "partitions", "cdi", "plugin", "flood", "slices", "startup", "explain", "health",
+    "ops", "e2e",
     "realkubelet", "vs-upstream",
 )
 

@@ -47,7 +47,7 @@ class Point(StrEnum):
     # Dynamic MIG partitions (agent.prepare.partitions).
     MIG_AFTER_INTENT = "mig-after-intent"  # the partition's intent is durable, nothing made
     MIG_AFTER_GI_CREATED = "mig-after-gi-created"  # GPU instance made, no compute instance
-    MIG_AFTER_IDS_RECORDED = "mig-after-ids-recorded"  # both made, their ids durable
+    MIG_AFTER_IDS_RECORDED = "mig-after-ids-recorded"  # both made, ids in the record (memory)
     MIG_AFTER_DESTROYED = "mig-after-destroyed"  # unprepare destroyed them, record still there
 
 

@@ -276,10 +276,13 @@ class MigPartitions:
 
     def prepare(
         self, ref: ClaimRef, record: ClaimRecord, devices: Sequence[SpecDevice],
-        store: Callable[[ClaimRecord], None],
+        store: Callable[[ClaimRecord, bool], None],
     ) -> tuple[ClaimRecord, list[SpecDevice]]:
-        """Create the claim's partitions: intent stored (durably, by ``store``) before each
-        create, ids after. Returns the record and spec devices naming the MIG devices."""
+        """Create the claim's partitions: the intent stored durably before each create, the
+        ids after (``store(record, durable)``). The ids need no write of their own: until the
+        PrepareCompleted write carries them, start-up finds the instance by its intent
+        (profile at placement) and destroys it. Returns the record and spec devices naming
+        the MIG devices."""
         out = list(devices)
         for i, item in enumerate(devices):
             part = partition_of(item.device)
@@ -287,17 +290,17 @@ class MigPartitions:
                 continue
             inst = Instance.of(part)
             record = _put(record, item.device.name, inst)
-            store(record)
+            store(record, True)
             hit(self.failpoints, Point.MIG_AFTER_INTENT, ref.uid)
             try:
                 inst = self.create(str(ref), item.device.name, inst)
             except PartitionError as err:
                 if not err.leftover:  # nothing of it exists: the intent goes
                     record = _put(record, item.device.name, None)
-                    store(record)
+                    store(record, False)
                 raise
             record = _put(record, item.device.name, inst)
-            store(record)
+            store(record, False)
             hit(self.failpoints, Point.MIG_AFTER_IDS_RECORDED, ref.uid)
             out[i] = replace(item, device=mig_device(item.device, inst))
         return record, out

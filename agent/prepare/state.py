@@ -146,7 +146,8 @@ class DevicePreparer:
             hit(self.failpoints, Point.PREPARE_AFTER_STARTED, ref.uid)
             if self.partitions is not None:  # durable intent first, then the instances
                 record, spec_devices = self.partitions.prepare(
-                    ref, record, spec_devices, lambda r: self.store(ref, put_record(r)))
+                    ref, record, spec_devices,
+                    lambda r, durable: self.store(ref, put_record(r), durable=durable))
             self.metadata.write(ref, files)  # first: the spec's mounts name these files
             if spec_devices:
                 self.write_spec(ref, spec_devices)
