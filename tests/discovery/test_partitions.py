@@ -4,6 +4,8 @@ room for (KEP-4815), on the simulated dgx-h100-mig and dgx-a100-mig-room machine
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -147,3 +149,38 @@ def test_an_nvml_error_reading_placements_skips_that_gpu_with_a_warning(
 def test_an_unknown_mig_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown MIG mode 'auto'"):
         DiscoveryOptions(mig="auto")
+
+
+def _discover(*args: str) -> Any:
+    from click.testing import CliRunner
+
+    from agent.cli import main
+
+    return CliRunner().invoke(main, ["discover", "--node-name", "node-a", *args])
+
+
+def test_discover_mig_dynamic_prints_counter_slices_first() -> None:
+    import json
+
+    result = _discover("--simulate", "dgx-h100-mig", "--mig", "dynamic", "-o", "json")
+    assert result.exit_code == 0, result.output
+    items = json.loads(result.stdout)["items"]
+    assert items[0]["spec"]["sharedCounters"] and "devices" not in items[0]["spec"]
+    assert all("sharedCounters" not in i["spec"] for i in items[1:])
+    assert {i["spec"]["pool"]["resourceSliceCount"] for i in items} == {len(items)}
+
+
+def test_mig_mode_from_the_config_file_and_bad_values_are_one_line(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("mig: dynamic\nsimulate: dgx-h100-mig\n")
+    result = _discover("--config", str(good))
+    assert result.exit_code == 0 and "gpu-0-mig-7g80gb-0" in result.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("mig: auto\n")
+    result = _discover("--config", str(bad))
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        f"error: config file {bad}: mig: must be one of static, dynamic, not 'auto' "
+        "(see 'main discover -h')"]  # CliRunner names the program 'main'
+    result = _discover("--simulate", "dgx-h100-mig", "--mig", "on")
+    assert result.exit_code == 2 and "'on' is not one of 'static', 'dynamic'" in result.output
