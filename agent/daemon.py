@@ -212,7 +212,7 @@ class Daemon:
         sources = self.sources = self._sources()
         discovery_options = DiscoveryOptions(
             device_types=cfg.device_types, node_addresses=self.options.node_addresses,
-            mig=cfg.mig, mig_owned=self._mig_owned,
+            mig=cfg.mig, mig_owned=self._mig_owned, vfs=cfg.vfs,
         )
         started = time.perf_counter()
         inventory = discover(sources, discovery_options)
@@ -322,6 +322,27 @@ class Daemon:
             return frozenset()
         return owned_instances(CheckpointStore(self.cfg.checkpoint_path).claims())
 
+    def _vf_provisioner(self) -> Any:
+        """--vfs dynamic: makes VFs through the sources' control (the kernel's sysfs, or the
+        simulated one), and reads them back with a rescan it also publishes."""
+        from agent.prepare.vfs import VfProvisioner
+        from discovery.scan import DiscoveryOptions, discover
+        from discovery.vfs import SysfsSriov
+
+        sources = self.sources
+        assert sources is not None
+        options = DiscoveryOptions(
+            device_types=self.cfg.device_types, node_addresses=self.options.node_addresses,
+            mig=self.cfg.mig, mig_owned=self._mig_owned, vfs=self.cfg.vfs,
+        )
+
+        def rescan() -> Inventory:
+            inventory = discover(sources, options)
+            self._publish(inventory)
+            return inventory
+
+        return VfProvisioner(sources.sriov or SysfsSriov(sources.sysfs_root), rescan)
+
     def _start_plugin(self, api_client: Any) -> None:
         from agent.common.failpoints import FailpointConfigError, Failpoints
         from agent.plugin import AlreadyRunningError, PluginOptions, PluginServer, SocketError
@@ -356,10 +377,11 @@ class Daemon:
             from agent.prepare.partitions import MigPartitions
 
             partitions = MigPartitions(self.sources.gpu, failpoints)
+        vfs = self._vf_provisioner() if cfg.vfs == "dynamic" else None
         self.plugin = PluginServer(
             options, api_client, lambda: self.inventory, edits, self.metrics, health_servicer,
             claim_source=None if api_client is not None else NoAPIClaimSource(),
-            failpoints=failpoints, partitions=partitions,
+            failpoints=failpoints, partitions=partitions, vfs=vfs,
         )
         try:
             self.plugin.start()

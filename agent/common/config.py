@@ -21,6 +21,7 @@ DEFAULT_DRIVER = "dra-agent.io"
 ALL_DEVICE_TYPES = ("gpu", "mig", "nic", "vf")
 NUMA_NODE_FORMS = ("auto", "list", "scalar")  # agent/slices/listattrs.py: what each means
 MIG_MODES = ("static", "dynamic")  # discovery/partitions.py: what dynamic publishes
+VF_MODES = ("static", "dynamic")  # discovery/vfs.py
 
 
 class ConfigError(click.UsageError):
@@ -45,6 +46,8 @@ class Config:
     numa_node_attribute: str = "auto"
     #: static: offer the MIG instances that exist; dynamic: every partition, made at prepare.
     mig: str = "static"
+    #: static: offer the VFs that exist; dynamic: a PF without VFs offers them, made on use.
+    vfs: str = "static"
     config_file: Path | None = None
 
     @property
@@ -88,6 +91,13 @@ def _mig_mode(value: Any) -> str:
     return text
 
 
+def _vf_mode(value: Any) -> str:
+    text = _text(value)
+    if text not in VF_MODES:
+        raise ValueError(f"must be one of {', '.join(VF_MODES)}, not {text!r}")
+    return text
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {_kind(value)}")
@@ -124,6 +134,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "simulate": _text,
     "numa_node_attribute": _numa_form,
     "mig": _mig_mode,
+    "vfs": _vf_mode,
     "metrics_address": _text,
     "log_format": _text,
     "config_file": _path,
@@ -240,6 +251,10 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         "type": click.Choice(MIG_MODES),
         "help": "MIG: offer the instances that exist, or every partition a MIG-mode GPU has "
                 "room for, created at prepare [default: static]"}),
+    (("--vfs",), {
+        "type": click.Choice(VF_MODES),
+        "help": "SR-IOV: offer the VFs that exist, or, for a PF without VFs, the VFs it can "
+                "have, created (all, once) at the first prepare [default: static]"}),
     (("--metrics-address",), {"help": "host:port of metrics and health [default: 127.0.0.1:9464]"}),
     (("--config", "config_file"), {"help": "YAML config file", "type": click.Path()}),
     (("--log-format",), {"type": click.Choice(["logfmt", "json"])}),

@@ -46,6 +46,7 @@ from discovery.model import Inventory
 
 if TYPE_CHECKING:
     from agent.prepare.partitions import MigPartitions
+    from agent.prepare.vfs import VfProvisioner
 
 __all__ = [
     "AlreadyRunningError",
@@ -96,6 +97,7 @@ class PluginServer:
         claim_source: ClaimSource | None = None,
         failpoints: Failpoints | None = None,
         partitions: MigPartitions | None = None,
+        vfs: VfProvisioner | None = None,
     ) -> None:
         if api_client is None and claim_source is None:
             # Without an API server there is no claim to read: fail at start, not per call.
@@ -117,7 +119,7 @@ class PluginServer:
             driver=options.driver_name, pool=options.pool, node_name=options.node_name,
             checkpoint=self.checkpoint, specs=self.specs, inventory=inventory_provider,
             boot_id=read_boot_id(options.boot_id_path), metrics=self.metrics,
-            metadata=metadata, partitions=partitions,
+            metadata=metadata, partitions=partitions, vfs=vfs,
         )
         self.framework = PluginFramework(
             options.driver_name,

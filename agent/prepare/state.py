@@ -61,6 +61,7 @@ from discovery.model import Device, Inventory
 
 if TYPE_CHECKING:
     from agent.prepare.partitions import MigPartitions
+    from agent.prepare.vfs import VfProvisioner
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class DevicePreparer:
         failpoints: Failpoints | None = None,
         metadata: ClaimMetadata | None = None,
         partitions: MigPartitions | None = None,
+        vfs: VfProvisioner | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -103,6 +105,8 @@ class DevicePreparer:
         self.metadata = metadata or ClaimMetadata(driver, None, enabled=False)
         #: Dynamic MIG (``--mig dynamic``): creates the partitions claims are allocated.
         self.partitions = partitions
+        #: VFs on demand (``--vfs dynamic``): makes a PF's VFs when a claim first needs one.
+        self.vfs = vfs
 
     # -- prepare --------------------------------------------------------------------------
 
@@ -148,6 +152,10 @@ class DevicePreparer:
                 record, spec_devices = self.partitions.prepare(
                     ref, record, spec_devices,
                     lambda r, durable: self.store(ref, put_record(r), durable=durable))
+            if self.vfs is not None:
+                spec_devices = self.vfs.prepare(ref, spec_devices)
+                made = {d.device.name: d.device for d in spec_devices}
+                record = replace(record, devices=identified(record.devices, self.pool, made))
             self.metadata.write(ref, files)  # first: the spec's mounts name these files
             if spec_devices:
                 self.write_spec(ref, spec_devices)

@@ -1,8 +1,9 @@
 """Simulated nodes: ``dgx-h100``, ``dgx-h100-mig``, ``dgx-a100-mig``, ``dgx-a100-mig-room``,
-``sriov-nic``, ``empty``.
+``sriov-nic``, ``sriov-novfs``, ``empty``.
 
 ``dgx-h100-mig`` and ``dgx-a100-mig-room`` have MIG-mode GPUs with room to partition (empty,
-or partly taken by instances someone else made) for ``--mig dynamic``.
+or partly taken by instances someone else made) for ``--mig dynamic``; ``sriov-novfs`` is
+``sriov-nic`` before any VF was created, for ``--vfs dynamic``.
 
 Each profile writes a sysfs tree, a procfs subset (routes, NVIDIA driver version) and /dev
 stand-ins under a work directory, and pairs them with a FakeNvml. Bus numbers, NUMA nodes,
@@ -27,6 +28,7 @@ from discovery.simulate.fake_nvml import (
     FakeMig,
     FakeNvml,
 )
+from discovery.simulate.sriov import SimulatedSriov
 from discovery.simulate.tree import PciSpec, SysfsBuilder, touch_nodes, write_numa
 from discovery.sources import ProcRoutes, Sources
 
@@ -280,7 +282,8 @@ SRIOV_VFS = 64
 SRIOV_VFIO_FROM = (48, 32)  # per PF: VFs from this index on are bound to vfio-pci
 
 
-def _sriov(node: _Node) -> None:
+def _sriov(node: _Node, vfs: int = SRIOV_VFS) -> None:
+    """Dual-port ConnectX-6 Dx, TotalVFs 64 per port; ``vfs`` of them created."""
     s = node.sys
     root, port, cpus = "pci0000:3a", _bdf(0x3A, 0), "0-31"
     s.bridge(root, (), port, vendor=INTEL, device=0x347A, numa_node=0)
@@ -293,9 +296,9 @@ def _sriov(node: _Node) -> None:
         s.rdma(pf, f"mlx5_{pf_fn}", uverbs=pf_fn, link_layer="Ethernet",
                rate="100 Gb/sec (4X EDR)", guid=f"0c42:a103:00{pf_fn:02x}:0000", hca="MT4125")
         offset = 2 if pf_fn == 0 else 1 + SRIOV_VFS
-        s.sriov(pf, total=SRIOV_VFS, num=SRIOV_VFS, offset=offset, stride=1, vf_device=0x101E)
+        s.sriov(pf, total=SRIOV_VFS, num=vfs, offset=offset, stride=1, vf_device=0x101E)
         s.iommu_group(pf, pf_bdf, 30 + pf_fn)
-        for i in range(SRIOV_VFS):
+        for i in range(vfs):
             devfn = pf_fn + offset + i
             vf_bdf = _bdf(0x3B, devfn >> 3, devfn & 7)
             vfio = i >= SRIOV_VFIO_FROM[pf_fn]
@@ -328,6 +331,7 @@ PROFILES: dict[str, Callable[[_Node], None]] = {
     "dgx-a100-mig": _dgx_a100,
     "dgx-a100-mig-room": partial(_dgx_a100, migs=_a100_room),
     "sriov-nic": _sriov,
+    "sriov-novfs": partial(_sriov, vfs=0),
     "empty": _empty,
 }
 
@@ -400,4 +404,5 @@ def simulated_sources(profile: str, workdir: Path, mig_state: Path | None = None
         routes=ProcRoutes(workdir / "proc"),
         proc_root=workdir / "proc",
         label=f"simulated {profile}",
+        sriov=SimulatedSriov(workdir / "sys"),
     )
