@@ -67,7 +67,7 @@ def test_partitions_from_slices_to_mig_devices_and_back(
     other = mig_claim(cluster, "one-4g", "4g.40gb", 1)
     refused = explain(other, cluster.classes, cluster.node_slices(), NODE, allocated=[claim])
     assert not refused.fits
-    assert "gpu-0-mig" in json.dumps(refused.to_dict())
+    assert "(taken by gpu-0-mig-3g40gb-0, gpu-0-mig-3g40gb-4)" in json.dumps(refused.to_dict())
 
     uid = claim["metadata"]["uid"]
     result = kubelet.prepare(DRIVER, [ref(claim)])[uid]
