@@ -16,6 +16,7 @@ device keeps its name once the VF exists.
 from __future__ import annotations
 
 import errno
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -92,10 +93,12 @@ class SriovError(Exception):
 
 
 class SriovControl(Protocol):
-    """The one SR-IOV change the agent makes: a PF's VF count, 0 -> N."""
+    """The SR-IOV changes the agent makes: a PF's VF count (0 -> N), a VF's driver."""
 
     def num_vfs(self, pf: str) -> int: ...
     def set_num_vfs(self, pf: str, count: int) -> None: ...
+    def driver(self, function: str) -> str | None: ...
+    def bind(self, function: str, driver: str) -> None: ...
 
 
 class SysfsSriov:
@@ -116,6 +119,28 @@ class SysfsSriov:
         if value is None:
             raise SriovError(f"PF {pf}: no readable sriov_numvfs (SR-IOV disabled?)")
         return value
+
+    def driver(self, function: str) -> str | None:
+        link = self._pf(function) / "driver"
+        return os.path.basename(os.readlink(link)) if link.is_symlink() else None
+
+    def bind(self, function: str, driver: str) -> None:
+        """``driver_override``, unbind from the current driver, ``drivers_probe``: the
+        kernel's way to move one function to another driver (driverctl does the same)."""
+        dev = self._pf(function)
+        current = self.driver(function)
+        if current == driver:
+            return
+        try:
+            (dev / "driver_override").write_text(f"{driver}\n")
+            if current is not None:
+                (dev / "driver" / "unbind").write_text(function)
+            (self.sysfs_root / "bus" / "pci" / "drivers_probe").write_text(function)
+        except OSError as err:
+            raise SriovError(f"VF {function}: binding to {driver}: "
+                             f"{err.strerror or err}") from err
+        if self.driver(function) != driver:
+            raise SriovError(f"VF {function}: {driver} did not bind (is its module loaded?)")
 
     def set_num_vfs(self, pf: str, count: int) -> None:
         path = self._pf(pf) / "sriov_numvfs"

@@ -10,6 +10,8 @@ A claim (or class) passes it as ``opaque: {driver: <our driver>, parameters: {..
     netdev:                   # NICs and VFs only; other devices ignore it
       move: true              # move the host interface into the pod (CDI 1.1.0 netDevices)
       interfaceName: net1     # its name inside the pod (default: its host name)
+    vf:                       # VFs of --vfs dynamic only; other devices ignore it
+      driver: vfio-pci        # bind the VF to vfio-pci, or netdev: its PF's kernel driver
 
 Moving the interface is opt-in: without ``netdev.move: true`` the interface stays on the host
 and the claim's CDI spec keeps a cdiVersion (<= 0.5.0) that older runtimes load. A runtime
@@ -64,7 +66,9 @@ ALLOWED_ENV = frozenset({
 _MAX_DENY = 64
 #: Linux ``dev_valid_name``: 1-15 bytes (IFNAMSIZ - 1), no '/', ':' or whitespace, not . or ..
 _IFNAME = re.compile(r"^[^/:\s]{1,15}$")
-_TOP_FIELDS = ("apiVersion", "kind", "env", "denyEnv", "netdev")
+_TOP_FIELDS = ("apiVersion", "kind", "env", "denyEnv", "netdev", "vf")
+#: ``vf.driver`` values: the PF's own kernel driver (a netdev), or vfio-pci (a VFIO group).
+VF_DRIVERS = ("netdev", "vfio-pci")
 _NETDEV_FIELDS = ("move", "interfaceName")
 
 
@@ -99,6 +103,8 @@ class DeviceConfig:
     netdev: NetdevConfig = field(default_factory=NetdevConfig)
     #: Extra denied names (``PREFIX*`` for a prefix), from DeviceClass configs only.
     deny_env: tuple[str, ...] = ()
+    #: ``vf.driver``: what a VF made on demand is bound to (None: as the kernel made it).
+    vf_driver: str | None = None
 
     @property
     def move_netdev(self) -> bool:
@@ -115,6 +121,7 @@ class DeviceConfig:
             env={**self.env, **later.env},
             netdev=self.netdev.merged(later.netdev),
             deny_env=(*self.deny_env, *(d for d in later.deny_env if d not in self.deny_env)),
+            vf_driver=later.vf_driver or self.vf_driver,
         )
 
 
@@ -159,7 +166,23 @@ def decode_config(params: Any, *, from_class: bool = False) -> DeviceConfig:
         raise ConfigDecodeError(unknown[0], f"unknown field (known: {', '.join(_TOP_FIELDS)})")
     deny = _decode_deny(params.get("denyEnv"), from_class)
     return DeviceConfig(env=_decode_env(params.get("env")), netdev=_decode_netdev(params),
-                        deny_env=deny)
+                        deny_env=deny, vf_driver=_decode_vf(params.get("vf")))
+
+
+def _decode_vf(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ConfigDecodeError("vf", "must be an object with driver")
+    unknown = sorted(str(k) for k in set(raw) - {"driver"})
+    if unknown:
+        raise ConfigDecodeError(f"vf.{unknown[0]}", "unknown field (known: driver)")
+    driver = raw.get("driver")
+    if driver is not None and driver not in VF_DRIVERS:
+        raise ConfigDecodeError(
+            "vf.driver", f"{driver!r} is not a driver dra-agent binds VFs to "
+                         f"(known: {', '.join(VF_DRIVERS)})")
+    return driver if isinstance(driver, str) else None
 
 
 def _decode_deny(raw: Any, from_class: bool) -> tuple[str, ...]:

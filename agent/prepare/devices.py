@@ -39,6 +39,8 @@ class SpecDevice:
     move_netdev: bool = False
     interface_name: str | None = None
     mounts: tuple[Mount, ...] = ()
+    #: ``vf.driver`` of the claim's config for a VF (``agent.prepare.vfs``); None otherwise.
+    vf_driver: str | None = None
 
     @property
     def pod_interface(self) -> str | None:
@@ -51,8 +53,9 @@ def spec_device(
     config: DeviceConfig,
 ) -> SpecDevice:  # fmt: skip
     """The device with its netdev choice; a GPU ignores a claim-wide ``netdev``."""
+    vf_driver = config.vf_driver if device.type == DeviceType.VF else None
     if not (config.move_netdev and device.type in NETDEV_TYPES):
-        return SpecDevice(device=device, env=env)
+        return SpecDevice(device=device, env=env, vf_driver=vf_driver)
     if not device.host.if_name:
         raise BadConfigError(
             str(ref),
@@ -62,7 +65,8 @@ def spec_device(
             "netdev.move for this request",
         )
     return SpecDevice(device=device, env=env, move_netdev=True,
-                      interface_name=config.pod_interface_name)  # fmt: skip
+                      interface_name=config.pod_interface_name,
+                      vf_driver=vf_driver)  # fmt: skip
 
 
 def env_key(device_name: str) -> str:

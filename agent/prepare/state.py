@@ -153,7 +153,7 @@ class DevicePreparer:
                     ref, record, spec_devices,
                     lambda r, durable: self.store(ref, put_record(r), durable=durable))
             if self.vfs is not None:
-                spec_devices = self.vfs.prepare(ref, spec_devices)
+                record, spec_devices = self.vfs.prepare(ref, record, spec_devices)
                 made = {d.device.name: d.device for d in spec_devices}
                 record = replace(record, devices=identified(record.devices, self.pool, made))
             self.metadata.write(ref, files)  # first: the spec's mounts name these files
@@ -406,6 +406,8 @@ class DevicePreparer:
         if self.partitions is not None and record is not None:  # an error: the kubelet retries
             self.partitions.release(str(ref) if ref is not None else uid, record)
             hit(self.failpoints, Point.MIG_AFTER_DESTROYED, uid)
+        if self.vfs is not None and record is not None:  # rebound VFs get their driver back
+            self.vfs.release(str(ref) if ref is not None else uid, record)
         hit(self.failpoints, Point.UNPREPARE_AFTER_SPEC_REMOVED, uid)
         self.checkpoint.update(lambda claims: claims.pop(uid, None))
         hit(self.failpoints, Point.UNPREPARE_AFTER_COMPLETED, uid)

@@ -5,8 +5,12 @@ Pre-size on first use (``discovery.vfs`` says why): the first such prepare write
 TotalVFs to ``sriov_numvfs``; the VF count is never changed again by the agent, so nothing
 needs undoing: a failed prepare or an unprepare leaves the VFs idle for the next claim, and a
 crash between the write and the checkpoint leaves nothing half-made (the write is the whole
-step, and repeating it is a no-op). The VF is handed out bound to the PF's driver (a netdev
-for mlx5); choosing vfio-pci per claim is not done yet.
+step, and repeating it is a no-op).
+
+A claim's ``vf.driver`` (``netdev``: the PF's kernel driver, or ``vfio-pci``) binds the VF to
+that driver before it is handed out (driver_override, unbind, drivers_probe); the driver it
+had is kept in the record and restored at unprepare, so the VF goes back to the pool as it
+was. Without ``vf.driver`` the VF is handed out as it is.
 """
 
 from __future__ import annotations
@@ -16,12 +20,16 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from agent.checkpoint.model import ClaimRecord
 from agent.claim.model import ClaimError, ClaimRef
 from agent.prepare.devices import SpecDevice
 from discovery.model import Device, DeviceType, Inventory
 from discovery.vfs import EXTRA_CANDIDATE, EXTRA_TOTAL, SriovControl, SriovError
 
 log = logging.getLogger(__name__)
+
+#: PreparedDevice.extra: the driver a VF had before the claim's ``vf.driver`` rebound it.
+RESTORE = "vfRestoreDriver"
 
 
 class VfError(ClaimError):
@@ -45,23 +53,74 @@ class VfProvisioner:
         self.rescan = rescan
         self._lock = threading.Lock()
 
-    def prepare(self, ref: ClaimRef, devices: Sequence[SpecDevice]) -> list[SpecDevice]:
-        out = list(devices)
-        fresh: dict[str, Device] | None = None
+    def prepare(self, ref: ClaimRef, record: ClaimRecord, devices: Sequence[SpecDevice]
+                ) -> tuple[ClaimRecord, list[SpecDevice]]:
+        """Make the VFs candidates need, bind what ``vf.driver`` asks, then read them back
+        (one rescan); the record names the driver each rebound VF goes back to."""
+        affected = []
         for i, item in enumerate(devices):
             index = candidate_index(item.device)
-            if index is None:
+            if index is None and item.vf_driver is None:
                 continue
-            pf = item.device.host.parent_pf or ""
-            self._ensure(str(ref), item.device, pf, index)
-            if fresh is None:
-                fresh = self.rescan().by_name()
+            if index is not None:
+                self._ensure(str(ref), item.device, item.device.host.parent_pf or "", index)
+            affected.append(i)
+        if not affected:
+            return record, list(devices)
+        restore: dict[str, str] = {}
+        for i in affected:  # after every VF exists: a candidate's address is its VF's
+            item = devices[i]
+            if item.vf_driver is not None:
+                before = self._bind(str(ref), item.device.name, item.device.host.pci_address
+                                    or "", item.device.host.parent_pf or "", item.vf_driver)
+                if before is not None:
+                    restore[item.device.name] = before
+        fresh = self.rescan().by_name()
+        out = list(devices)
+        for i in affected:
+            item = devices[i]
             made = fresh.get(item.device.name)
-            if made is None or made.host.parent_pf != pf:
-                raise VfError(str(ref), f"device {item.device.name}: VF {index} of PF {pf} not "
-                                        "found after the VFs were created")
+            if made is None or made.host.parent_pf != item.device.host.parent_pf:
+                raise VfError(str(ref), f"device {item.device.name}: VF of PF "
+                                        f"{item.device.host.parent_pf} not found after the VFs "
+                                        "were created")
             out[i] = replace(item, device=made)
-        return out
+        if restore:
+            record = replace(record, devices=tuple(
+                replace(d, extra={**d.extra, RESTORE: restore[d.device]})
+                if d.device in restore else d for d in record.devices))
+        return record, out
+
+    def _bind(self, claim: str, name: str, vf: str, pf: str, wanted: str) -> str | None:
+        """Bind ``vf`` as ``wanted`` (netdev: the PF's driver); the driver it had, or None
+        when it already had the wanted one."""
+        try:
+            target = wanted if wanted != "netdev" else self.control.driver(pf)
+            if target is None:
+                raise SriovError(f"PF {pf} has no driver to bind its VF {vf} to")
+            current = self.control.driver(vf)
+            if current == target:
+                return None
+            self.control.bind(vf, target)
+        except SriovError as err:
+            raise VfError(claim, f"device {name}: {err}") from err
+        log.info("VF driver bound", extra={"claim": claim, "device": name, "driver": target,
+                                           "was": current or "none"})
+        return current or ""
+
+    def release(self, claim: str, record: ClaimRecord | None) -> None:
+        """Give rebound VFs back their driver; VfError (the kubelet retries) on failure."""
+        for held in record.devices if record is not None else ():
+            before = held.extra.get(RESTORE)
+            if not isinstance(before, str) or not before or not held.pci_address:
+                continue
+            try:
+                self.control.bind(held.pci_address, before)
+            except SriovError as err:
+                raise VfError(claim, f"device {held.device}: giving it back to {before}: "
+                                     f"{err}") from err
+            log.info("VF driver restored", extra={"claim": claim, "device": held.device,
+                                                  "driver": before})
 
     def _ensure(self, claim: str, device: Device, pf: str, index: int) -> None:
         total = int(device.host.extra.get(EXTRA_TOTAL, "0"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -52,6 +53,50 @@ class SimulatedSriov:
             self._make(pf, base, count)
             (base / "sriov_numvfs").write_text(f"{count}\n")
 
+    def driver(self, function: str) -> str | None:
+        link = self._pf(function) / "driver"
+        return os.path.basename(os.readlink(link)) if link.is_symlink() else None
+
+    #: Drivers the simulated kernel has (others do not bind, as without their module).
+    DRIVERS = ("mlx5_core", "vfio-pci")
+
+    def bind(self, function: str, driver: str) -> None:
+        with self._lock:
+            dev = self._pf(function).resolve()
+            current = self.driver(function)
+            if current == driver:
+                return
+            if driver not in self.DRIVERS:
+                raise SriovError(f"VF {function}: {driver} did not bind (is its module "
+                                 "loaded?)")
+            drivers = self.sysfs_root / "bus" / "pci" / "drivers"
+            if current is not None:
+                (drivers / current / function).unlink(missing_ok=True)
+            (dev / "driver").unlink(missing_ok=True)
+            (drivers / driver).mkdir(exist_ok=True)
+            os.symlink(os.path.relpath(drivers / driver, dev), dev / "driver")
+            os.symlink(os.path.relpath(dev, drivers / driver), drivers / driver / function)
+            if driver == "vfio-pci":  # the netdev goes with the network driver
+                for net in list((dev / "net").glob("*")) if (dev / "net").is_dir() else []:
+                    (self.sysfs_root / "class" / "net" / net.name).unlink(missing_ok=True)
+                    shutil.rmtree(net)
+            else:
+                self._netdev(SysfsBuilder(self.sysfs_root), dev)
+
+    def _netdev(self, builder: SysfsBuilder, vf: Path) -> None:
+        physfn = vf / "physfn"
+        if not physfn.exists() or ((vf / "net").is_dir() and any((vf / "net").iterdir())):
+            return
+        pf = physfn.resolve()
+        index = next(int(p.name[len("virtfn"):]) for p in pf.glob("virtfn*")
+                     if p.resolve() == vf)
+        ifaces = sorted(p.name for p in (pf / "net").iterdir()) if (pf / "net").is_dir() else []
+        if ifaces:
+            builder.net(vf, f"{ifaces[0].rsplit('np', 1)[0]}v{index}", {
+                "address": f"00:00:00:00:{index >> 8:02x}:{index & 0xFF:02x}",
+                "mtu": "1500", "speed": "100000", "operstate": "up", "carrier": "1",
+                "type": "1"})
+
     def _make(self, pf: str, base: Path, count: int) -> None:
         real = base.resolve()
         rel = real.relative_to((self.sysfs_root / "devices").resolve()).parts
@@ -80,7 +125,4 @@ class SimulatedSriov:
             builder.link_vf(real, vf, index)
             builder.iommu_group(vf, bdf, group + index)
             if iface and driver != "vfio-pci":
-                builder.net(vf, f"{iface.rsplit('np', 1)[0]}v{index}", {
-                    "address": f"00:00:00:00:{index >> 8:02x}:{index & 0xFF:02x}",
-                    "mtu": "1500", "speed": "100000", "operstate": "up", "carrier": "1",
-                    "type": "1"})
+                self._netdev(builder, vf)

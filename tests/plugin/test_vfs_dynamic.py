@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -132,3 +133,59 @@ def test_unknown_vf_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown VF mode"):
         DiscoveryOptions(vfs="auto")
     assert Inventory(devices=()).counter_sets == ()
+
+
+def vf_config(driver: str) -> list[dict[str, Any]]:
+    return [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "dra-agent.io/v1alpha1", "kind": "DeviceConfig",
+        "vf": {"driver": driver}}}}]
+
+
+def driver_of(sources: Sources, bdf: str) -> str:
+    return (sources.sysfs_root / "bus/pci/devices" / bdf / "driver").resolve().name
+
+
+def test_vf_driver_vfio_pci_binds_it_and_unprepare_gives_it_back(
+    sources: Sources, tmp_path: Path,
+) -> None:
+    p = preparer(tmp_path, sources)
+    vf = "0000:3b:00.3"
+    record = p.prepare(parse_claim(make_claim("dpdk", ["vf-0000-3b-00-3"],
+                                              config=vf_config("vfio-pci"))))
+    assert numvfs(sources, PF0) == 64 and driver_of(sources, vf) == "vfio-pci"
+    assert record.devices[0].extra["vfRestoreDriver"] == "mlx5_core"
+    assert record.devices[0].if_name is None  # no netdev on vfio-pci
+    env = json.loads(p.specs.path(record.uid).read_text())["devices"][0]["containerEdits"]["env"]
+    assert any(e.startswith("DRA_AGENT_DEVICE_VF_0000_3B_00_3_IOMMU_GROUP=") for e in env)
+    assert not any("_IF_NAME=" in e for e in env)
+    p.unprepare(record.uid)
+    assert driver_of(sources, vf) == "mlx5_core"
+    again = p.prepare(parse_claim(make_claim("net", ["vf-0000-3b-00-3"])))
+    assert again.devices[0].if_name == "enp59s0f0v1" and "vfRestoreDriver" not in (
+        again.devices[0].extra)
+
+
+def test_a_vf_driver_that_does_not_exist_is_bad_config_and_nothing_changes(
+    sources: Sources, tmp_path: Path,
+) -> None:
+    from agent.prepare.errors import BadConfigError
+
+    p = preparer(tmp_path, sources)
+    with pytest.raises(BadConfigError, match=r"vf\.driver: 'igb_uio' is not a driver"):
+        p.prepare(parse_claim(make_claim("dpdk", ["vf-0000-3b-00-3"],
+                                         config=vf_config("igb_uio"))))
+    assert numvfs(sources, PF0) == 0 and p.checkpoint.claims() == {}
+
+
+def test_a_driver_that_does_not_bind_is_reported(sources: Sources, tmp_path: Path) -> None:
+    assert sources.sriov is not None
+    sources.sriov.set_num_vfs(PF0, 2)
+    with pytest.raises(SriovError, match="uio_pci_generic did not bind"):
+        sources.sriov.bind("0000:3b:00.2", "uio_pci_generic")
+    assert driver_of(sources, "0000:3b:00.2") == "mlx5_core"
+    dev = tmp_path / "k" / "bus/pci/devices" / PF0
+    dev.mkdir(parents=True)
+    (tmp_path / "k" / "bus/pci/drivers_probe").write_text("")
+    with pytest.raises(SriovError, match="vfio-pci did not bind"):
+        SysfsSriov(tmp_path / "k").bind(PF0, "vfio-pci")
+    assert (dev / "driver_override").read_text() == "vfio-pci\n"
