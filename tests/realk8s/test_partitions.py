@@ -1,7 +1,7 @@
-"""--mig dynamic against the real kube-apiserver and the scheduler's own allocator: the server
-stores the counter slices and every consumesCounters as sent, and the allocator
-(k8s.io/dynamic-resource-allocation/structured) and ``dra-agent explain`` agree on what
-partitions fit: two 3g of one GPU, and no 4g beside them.
+"""--mig dynamic and --vfs dynamic against the real kube-apiserver and the scheduler's own
+allocator: the server stores the counter slices and every consumesCounters as sent, and the
+allocator (k8s.io/dynamic-resource-allocation/structured) and ``dra-agent explain`` agree on
+what partitions fit (two 3g of one GPU, no 4g beside them) and which VFs-to-be they pick.
 
 DRAPartitionableDevices is beta (on) from 1.36; the 1.35 server and allocator get the gate.
 """
@@ -85,3 +85,40 @@ def test_partition_slices_are_stored_and_allocator_and_explain_agree(
     assert answer.get("unschedulable") is True, answer
     allocated = dict(two, status={"allocation": ours.allocation})
     assert not explain(four, classes, slices, node, allocated=[allocated], **kwargs).fits
+
+
+def test_candidate_vf_slices_are_stored_and_allocator_and_explain_agree(
+    minor: str, cluster: RealCluster, start_cluster: StartCluster, start_agent: StartAgent,
+) -> None:
+    from agent.explain import explain
+
+    real = cluster if minor >= "1.36" else start_cluster("--feature-gates", GATE)
+    if real is not cluster:
+        real.apply_deploy("base")
+    node = "node-vfs"
+    real.ensure_node(node)
+    agent = start_agent(real.agent_kubeconfig(node), node, "--vfs", "dynamic",
+                        profile="sriov-novfs")
+    wait_settled(real, node, agent)
+    slices = real.slices(node)
+    candidates = [d for s in slices for d in s["spec"].get("devices") or ()
+                  if d.get("consumesCounters")]
+    assert len(candidates) == 128
+    assert all(len(s["spec"].get("devices") or ()) <= 64 for s in slices)
+    classes = real.admin.request("GET", f"{RESOURCE}/v1/deviceclasses").json()["items"]
+    claim = real.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "three-vfs", "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "vf", "exactly": {
+            "deviceClassName": f"vf.{DRIVER}", "count": 3,
+            "selectors": [{"cel": {"expression":
+                           f"device.attributes['{DRIVER}'].parentPF == '0000:3b:00.1'"}}]}}]}},
+    })
+    answer = allocate(minor, {"node": node, "claims": [claim], "deviceClasses": classes,
+                              "resourceSlices": slices})
+    theirs = sorted(r["device"] for r in
+                    answer["allocations"][claim["metadata"]["uid"]]["devices"]["results"])
+    ours = explain(claim, classes, slices, node, kubernetes_version=minor, feature_gates=GATE)
+    assert ours.fits and ours.allocation is not None
+    assert sorted(r["device"] for r in ours.allocation["devices"]["results"]) == theirs
+    assert len(theirs) == 3
