@@ -39,7 +39,7 @@ COUNTER = "vfs"
 #: HostInfo.extra of a candidate: the VF's index under its PF.
 EXTRA_CANDIDATE = "sriovCandidateIndex"
 EXTRA_TOTAL = "sriovTotalVFs"
-_COPIED = (PCIE_ROOT, NUMA_NODE, "pcieSwitch", "vendor", "linkType", "mtu")
+_COPIED = (PCIE_ROOT, NUMA_NODE, "pcieSwitch", "vendor", "pciVendorID", "linkType", "mtu")
 
 
 def counter_set_name(pf_name: str) -> str:
@@ -61,6 +61,13 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
+def _read_int_hex(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip(), 16)
+    except (OSError, ValueError):
+        return None
+
+
 def candidates(sysfs_root: Path, nics: Sequence[Device]) -> tuple[list[CounterSet], list[Device]]:
     """Counter sets and candidate VFs of every offered PF that has SR-IOV and no VFs."""
     sets: list[CounterSet] = []
@@ -78,6 +85,9 @@ def candidates(sysfs_root: Path, nics: Sequence[Device]) -> tuple[list[CounterSe
         shared: dict[str, AttributeValue] = {
             k: v for k, v in pf.attributes.items() if k in _COPIED}
         shared.update(isVF=True, parentPF=pf.host.pci_address, partition=True)
+        vf_device = _read_int_hex(base / "sriov_vf_device")
+        if vf_device is not None:
+            shared["pciDeviceID"] = f"{vf_device:04x}"
         for index in range(total):
             bdf = vf_address(pf.host.pci_address, offset, stride, index)
             attrs = {**shared, "vfIndex": index, PCI_BUS_ID: bdf}
