@@ -92,6 +92,10 @@ class PollOnlyEvents:
         """Nothing to release."""
 
 
+#: ``--simulate`` with ``--mig dynamic``: where the simulated GPUs keep their MIG instances.
+SIMULATED_MIG_STATE = "simulated-mig-instances.json"
+
+
 class Daemon:
     """One running agent. ``run()`` blocks until ``request_stop()`` or a fatal error."""
 
@@ -170,7 +174,13 @@ class Daemon:
         if self.cfg.simulate:
             tmp = scratch_dir()
             self._cleanups.append(tmp.cleanup)
-            return simulated_sources(self.cfg.simulate, Path(tmp.name))
+            # The simulated GPUs' MIG instances live beside the checkpoint, as a real GPU's
+            # outlive the agent: a restarted agent meets the instances it made.
+            state = self.cfg.plugin_dir / SIMULATED_MIG_STATE if self.cfg.mig == "dynamic" \
+                else None
+            if state is not None:
+                state.parent.mkdir(parents=True, exist_ok=True)
+            return simulated_sources(self.cfg.simulate, Path(tmp.name), mig_state=state)
         wants_nvml = bool({"gpu", "mig"} & set(self.cfg.device_types))
         return host_sources(sysfs_root=self.cfg.sysfs_root, nvml=wants_nvml)
 

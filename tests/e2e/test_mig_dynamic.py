@@ -88,3 +88,31 @@ def test_partitions_from_slices_to_mig_devices_and_back(
     assert not list(dirs.cdi.glob(f"*{uid}*.json"))
     assert "migPartition" not in dirs.checkpoint.read_text()
     assert specs(cluster) == published
+
+
+def test_after_kill_9_the_restarted_agent_keeps_its_partitions_and_the_slices(
+    dirs: NodeDirs, cluster: Cluster, start_agent: StartAgent, kubelet: KubeletStandIn,
+) -> None:
+    agent = start_agent("--mig", "dynamic", profile="dgx-h100-mig")
+    wait_registered(kubelet)
+    agent.wait_http("/readyz")
+    claim = cluster.allocate(mig_claim(cluster, "one-3g", "3g.40gb", 1))
+    uid = claim["metadata"]["uid"]
+    assert kubelet.prepare(DRIVER, [ref(claim)])[uid].ok
+    published = specs(cluster)
+    state = json.loads((dirs.plugin / "simulated-mig-instances.json").read_text())
+    assert sum(m["ci"] >= 0 for g in state.values() for m in g["migs"]) == 4  # 3 foreign + ours
+
+    agent.kill()  # kill -9: no cleanup
+    since = len(kubelet.registrations)
+    again = start_agent("--mig", "dynamic", profile="dgx-h100-mig", name="restarted")
+    wait_registered(kubelet, since)
+    again.wait_http("/readyz")
+    logs = again.logs()
+    assert "MIG partition created" not in logs  # found as it was, not made again
+    assert "MIG partition destroyed" not in logs
+    assert specs(cluster) == published  # still ours: the same partitions, no foreign device
+    assert kubelet.prepare(DRIVER, [ref(claim)])[uid].ok  # the kubelet's repeat
+    kubelet.unprepare(DRIVER, [ref(claim)])
+    state = json.loads((dirs.plugin / "simulated-mig-instances.json").read_text())
+    assert sum(m["ci"] >= 0 for g in state.values() for m in g["migs"]) == 3  # foreign only
