@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
+import struct
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -109,6 +111,7 @@ class SriovControl(Protocol):
     def set_num_vfs(self, pf: str, count: int) -> None: ...
     def driver(self, function: str) -> str | None: ...
     def bind(self, function: str, driver: str) -> None: ...
+    def reset_vf_mac(self, pf: str, index: int) -> None: ...
 
 
 class SysfsSriov:
@@ -152,6 +155,21 @@ class SysfsSriov:
         if self.driver(function) != driver:
             raise SriovError(f"VF {function}: {driver} did not bind (is its module loaded?)")
 
+    def reset_vf_mac(self, pf: str, index: int) -> None:
+        """Unset VF ``index``'s MAC on its PF (``ip link set <pf> vf <index> mac 00:..:00``),
+        through rtnetlink: what a pod set does not follow the VF to the next one."""
+        nets = sorted(p.name for p in (self._pf(pf) / "net").glob("*"))
+        if not nets:
+            raise SriovError(f"PF {pf} has no network interface to reset VF {index}'s MAC on")
+        ifindex = _read_int(self.sysfs_root / "class" / "net" / nets[0] / "ifindex")
+        if ifindex is None:
+            raise SriovError(f"PF {pf}: no ifindex for {nets[0]}")
+        try:
+            send_netlink(vf_mac_message(ifindex, index, b"\0" * 6))
+        except OSError as err:
+            raise SriovError(f"PF {pf} ({nets[0]}): resetting VF {index}'s MAC over netlink: "
+                             f"{err.strerror or err}") from err
+
     def set_num_vfs(self, pf: str, count: int) -> None:
         path = self._pf(pf) / "sriov_numvfs"
         try:
@@ -168,3 +186,41 @@ class SysfsSriov:
                 raise SriovError(f"PF {pf}: VF {count - 1} has no driver {self.timeout_s:g} s "
                                  "after the VFs were created")
             time.sleep(0.05)
+
+
+RTM_SETLINK = 19
+NLM_F_REQUEST, NLM_F_ACK = 0x1, 0x4
+NLMSG_ERROR = 2
+IFLA_VFINFO_LIST, IFLA_VF_INFO, IFLA_VF_MAC = 22, 1, 1
+NLA_F_NESTED = 0x8000
+
+
+def _attr(kind: int, payload: bytes) -> bytes:
+    raw = struct.pack("=HH", 4 + len(payload), kind) + payload
+    return raw + b"\0" * (-len(raw) % 4)
+
+
+def vf_mac_message(ifindex: int, vf: int, mac: bytes, seq: int = 1) -> bytes:
+    """RTM_SETLINK for ``ifindex`` with IFLA_VFINFO_LIST > IFLA_VF_INFO > IFLA_VF_MAC
+    (``struct ifla_vf_mac {__u32 vf; __u8 mac[32];}``), asking for an ack."""
+    vf_mac = struct.pack("=I32s", vf, mac)
+    body = struct.pack("=BxHiII", socket.AF_UNSPEC, 0, ifindex, 0, 0) + _attr(
+        IFLA_VFINFO_LIST | NLA_F_NESTED, _attr(IFLA_VF_INFO | NLA_F_NESTED,
+                                               _attr(IFLA_VF_MAC, vf_mac)))
+    return struct.pack("=IHHII", 16 + len(body), RTM_SETLINK, NLM_F_REQUEST | NLM_F_ACK,
+                       seq, 0) + body
+
+
+def send_netlink(message: bytes, timeout_s: float = 5.0) -> None:
+    """Send one rtnetlink request and wait for its ack; OSError with the kernel's errno."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as sock:
+        sock.settimeout(timeout_s)
+        sock.bind((0, 0))
+        sock.send(message)
+        reply = sock.recv(65536)
+    if len(reply) < 20:
+        raise OSError(errno.EIO, "short netlink reply")
+    _, kind = struct.unpack_from("=IH", reply)
+    code = struct.unpack_from("=i", reply, 16)[0] if kind == NLMSG_ERROR else 0
+    if code:
+        raise OSError(-code, os.strerror(-code))

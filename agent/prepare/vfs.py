@@ -9,8 +9,8 @@ step, and repeating it is a no-op).
 
 A claim's ``vf.driver`` (``netdev``: the PF's kernel driver, or ``vfio-pci``) binds the VF to
 that driver before it is handed out (driver_override, unbind, drivers_probe); the driver it
-had is kept in the record and restored at unprepare, so the VF goes back to the pool as it
-was. Without ``vf.driver`` the VF is handed out as it is.
+had is kept in the record and restored at unprepare, and the VF's MAC (what a pod set) is
+unset on its PF, so the VF goes back to the pool as it was. Without ``vf.driver`` the VF is handed out as it is.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 #: PreparedDevice.extra: the driver a VF had before the claim's ``vf.driver`` rebound it.
 RESTORE = "vfRestoreDriver"
+#: PreparedDevice.extra: {"pf", "index"} of a VF whose MAC unprepare unsets.
+MAC = "vfMacReset"
 
 
 class VfError(ClaimError):
@@ -57,6 +59,7 @@ class VfProvisioner:
                 ) -> tuple[ClaimRecord, list[SpecDevice]]:
         """Make the VFs candidates need, bind what ``vf.driver`` asks, then read them back
         (one rescan); the record names the driver each rebound VF goes back to."""
+        record = _with_mac_reset(record, devices)
         affected = []
         for i, item in enumerate(devices):
             index = candidate_index(item.device)
@@ -109,8 +112,16 @@ class VfProvisioner:
         return current or ""
 
     def release(self, claim: str, record: ClaimRecord | None) -> None:
-        """Give rebound VFs back their driver; VfError (the kubelet retries) on failure."""
+        """Unset the claim's VFs' MACs and give rebound VFs back their driver, so each goes
+        back to the pool as it was; VfError (the kubelet retries) on failure."""
         for held in record.devices if record is not None else ():
+            mac = held.extra.get(MAC)
+            if isinstance(mac, dict) and isinstance(mac.get("pf"), str) \
+                    and isinstance(mac.get("index"), int):
+                try:
+                    self.control.reset_vf_mac(mac["pf"], mac["index"])
+                except SriovError as err:
+                    raise VfError(claim, f"device {held.device}: {err}") from err
             before = held.extra.get(RESTORE)
             if not isinstance(before, str) or not before or not held.pci_address:
                 continue
@@ -137,3 +148,19 @@ class VfProvisioner:
                                          "from 0; set sriov_numvfs to 0 when no VF is in use")
             except SriovError as err:
                 raise VfError(claim, f"device {device.name}: {err}") from err
+
+
+def _with_mac_reset(record: ClaimRecord, devices: Sequence[SpecDevice]) -> ClaimRecord:
+    """The record naming, for each VF of the claim, the PF and index unprepare resets."""
+    marks: dict[str, dict[str, object]] = {}
+    for item in devices:
+        d = item.device
+        index = d.attributes.get("vfIndex")
+        if d.type == DeviceType.VF and d.host.parent_pf and isinstance(index, int) \
+                and not isinstance(index, bool):
+            marks[d.name] = {"pf": d.host.parent_pf, "index": index}
+    if not marks:
+        return record
+    return replace(record, devices=tuple(
+        replace(h, extra={**h.extra, MAC: marks[h.device]}) if h.device in marks else h
+        for h in record.devices))

@@ -83,6 +83,13 @@ class SimulatedSriov:
             else:
                 self._netdev(SysfsBuilder(self.sysfs_root), dev)
 
+    def reset_vf_mac(self, pf: str, index: int) -> None:
+        vf = self._pf(pf) / f"virtfn{index}"
+        if not vf.exists():
+            raise SriovError(f"PF {pf} has no VF {index}")
+        for net in (vf / "net").glob("*/address"):
+            net.write_text("00:00:00:00:00:00\n")
+
     def _netdev(self, builder: SysfsBuilder, vf: Path) -> None:
         physfn = vf / "physfn"
         if not physfn.exists() or ((vf / "net").is_dir() and any((vf / "net").iterdir())):

@@ -189,3 +189,43 @@ def test_a_driver_that_does_not_bind_is_reported(sources: Sources, tmp_path: Pat
     with pytest.raises(SriovError, match="vfio-pci did not bind"):
         SysfsSriov(tmp_path / "k").bind(PF0, "vfio-pci")
     assert (dev / "driver_override").read_text() == "vfio-pci\n"
+
+
+def test_unprepare_unsets_the_mac_a_pod_gave_its_vf(sources: Sources, tmp_path: Path) -> None:
+    p = preparer(tmp_path, sources)
+    record = p.prepare(parse_claim(make_claim("net", ["vf-0000-3b-00-2"])))
+    assert record.devices[0].extra["vfMacReset"] == {"pf": PF0, "index": 0}
+    address = sources.sysfs_root / "class/net/enp59s0f0v0/address"
+    address.write_text("02:11:22:33:44:55\n")  # what the pod set
+    p.unprepare(record.uid)
+    assert address.read_text() == "00:00:00:00:00:00\n"
+
+
+def test_the_mac_reset_message_is_rtnetlinks_setlink_with_nested_vf_info() -> None:
+    import struct
+
+    from discovery.vfs import vf_mac_message
+
+    msg = vf_mac_message(7, 3, b"\0" * 6, seq=9)
+    length, kind, flags, seq, _ = struct.unpack_from("=IHHII", msg)
+    assert (length, kind, flags, seq) == (len(msg), 19, 0x5, 9)
+    assert struct.unpack_from("=BxHiII", msg, 16)[2] == 7  # ifinfomsg.ifi_index
+    outer_len, outer = struct.unpack_from("=HH", msg, 32)
+    assert outer == 22 | 0x8000 and outer_len == len(msg) - 32  # IFLA_VFINFO_LIST, nested
+    assert struct.unpack_from("=HH", msg, 36)[1] == 1 | 0x8000  # IFLA_VF_INFO
+    mac_len, mac_kind = struct.unpack_from("=HH", msg, 40)
+    assert (mac_len, mac_kind) == (4 + 36, 1)  # IFLA_VF_MAC: struct ifla_vf_mac
+    assert struct.unpack_from("=I", msg, 44)[0] == 3
+
+
+def test_a_refused_mac_reset_is_reported_with_the_kernels_cause(tmp_path: Path) -> None:
+    pf = tmp_path / "bus/pci/devices" / PF0
+    (pf / "net" / "lo").mkdir(parents=True)
+    (tmp_path / "class/net/lo").mkdir(parents=True)
+    (tmp_path / "class/net/lo/ifindex").write_text("1\n")  # the loopback has no VFs
+    with pytest.raises(SriovError, match=r"PF 0000:3b:00.0 \(lo\): resetting VF 0's MAC over "
+                                         r"netlink: \S"):
+        SysfsSriov(tmp_path).reset_vf_mac(PF0, 0)
+    (pf / "net" / "lo").rmdir()
+    with pytest.raises(SriovError, match="no network interface"):
+        SysfsSriov(tmp_path).reset_vf_mac(PF0, 0)
