@@ -25,7 +25,8 @@ Decisions, each answering a bug an existing driver shipped:
 * **Host side effects are named before they happen.** A device's ``migPartition`` (parent
   UUID, GI profile, placement; then GI/CI ids and MIG UUID, ``agent.prepare.partitions``) is
   durable before the instance is created; ``vfRestoreDriver`` is the driver a VF goes back to
-  (``agent.prepare.vfs``). Both ride in the device's extra fields, so older readers keep them.
+  and ``vfMacReset`` the PF and index whose MAC unprepare unsets (``agent.prepare.vfs``).
+  They ride in the device's extra fields, so older readers keep them.
 * **Whatever cannot be trusted is corruption.** Too deep to parse, not UTF-8, a lone UTF-16
   surrogate (``\\ud800`` parses, but can never be written back), a claim UID or name that the
   kubelet-facing path would refuse (a NUL in a UID would otherwise reach a path at start-up):

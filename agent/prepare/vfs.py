@@ -10,7 +10,8 @@ step, and repeating it is a no-op).
 A claim's ``vf.driver`` (``netdev``: the PF's kernel driver, or ``vfio-pci``) binds the VF to
 that driver before it is handed out (driver_override, unbind, drivers_probe); the driver it
 had is kept in the record and restored at unprepare, and the VF's MAC (what a pod set) is
-unset on its PF, so the VF goes back to the pool as it was. Without ``vf.driver`` the VF is handed out as it is.
+unset on its PF, so the VF goes back to the pool as it was. Without ``vf.driver`` the VF is
+handed out as it is.
 """
 
 from __future__ import annotations
