@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.claim.model import ClaimFetchError, ClaimRef
 from agent.common.config import Config
@@ -27,6 +27,9 @@ from agent.health.options import HealthOptions
 from agent.sdnotify import Notifier
 from discovery.model import Inventory
 from discovery.sources import Sources
+
+if TYPE_CHECKING:  # the plugin's modules are imported when it starts, not with the daemon
+    from agent.prepare.enforce import GpuControl
 
 log = logging.getLogger("agent.daemon")
 
@@ -60,6 +63,8 @@ class RunOptions:
     device_metadata: bool = True
     #: Start even where a device plugin advertises what our DeviceClasses map to our devices.
     allow_device_plugin_overlap: bool = False
+    #: The node's MPS control daemon's pipe directory (``agent.prepare.enforce``).
+    mps_pipe_dir: Path | None = None
 
 
 class NoAPIClaimSource:
@@ -222,7 +227,7 @@ class Daemon:
         sources = self.sources = self._sources()
         discovery_options = DiscoveryOptions(
             device_types=cfg.device_types, node_addresses=self.options.node_addresses,
-            mig=cfg.mig, mig_owned=self._mig_owned, vfs=cfg.vfs,
+            sharing=cfg.sharing, mig=cfg.mig, mig_owned=self._mig_owned, vfs=cfg.vfs,
         )
         started = time.perf_counter()
         inventory = discover(sources, discovery_options)
@@ -376,6 +381,7 @@ class Daemon:
             registration_timeout_s=self.options.registration_timeout_s,
             boot_id_path=self.options.boot_id_path,
             device_metadata=self.options.device_metadata,
+            mps_pipe_dir=self.options.mps_pipe_dir,
         )
         try:
             # Crash tests only: DRA_AGENT_FAILPOINTS makes the agent die at chosen steps.
@@ -391,13 +397,24 @@ class Daemon:
         self.plugin = PluginServer(
             options, api_client, lambda: self.inventory, edits, self.metrics, health_servicer,
             claim_source=None if api_client is not None else NoAPIClaimSource(),
-            failpoints=failpoints, partitions=partitions, vfs=vfs,
+            failpoints=failpoints, gpu_control=self._gpu_control(), partitions=partitions,
+            vfs=vfs,
         )
         try:
             self.plugin.start()
         except (AlreadyRunningError, SocketError) as err:
             self.plugin = None
             raise DaemonError(str(err)) from err
+
+    def _gpu_control(self) -> GpuControl | None:
+        """What sets GPU-wide share settings: a recording stand-in on a simulated node,
+        nvidia-smi on a real one (None without it: a share asking for a time slice fails)."""
+        from agent.prepare.enforce import NvidiaSmi, RecordingGpuControl, find_nvidia_smi
+
+        if self.cfg.simulate:
+            return RecordingGpuControl()
+        binary = find_nvidia_smi(self.options.driver_root)
+        return NvidiaSmi(binary) if binary is not None else None
 
     def _start_hotplug(self, sources: Any, options: Any, inventory: Inventory) -> None:
         from discovery.hotplug import HotplugWatcher, UdevEvents

@@ -11,18 +11,30 @@ from collections.abc import Mapping
 from discovery.attrs import pci_attributes, vendor_name
 from discovery.model import AttributeValue, Device, DeviceType, HostInfo
 from discovery.names import pci_name
-from discovery.sysfs import PciFunction
+from discovery.sysfs import PciFunction, read_int
 
 AMD = 0x1002
 INTEL = 0x8086
+#: PCI base class of display controllers, and of "processing accelerators", which is what an
+#: AMD Instinct MI300 reports (older Instincts and every Intel GPU report a display class).
+DISPLAY, ACCELERATOR = 0x03, 0x12
 
 
 def is_other_gpu(fn: PciFunction) -> bool:
-    return (
-        fn.vendor in (AMD, INTEL)
-        and fn.pci_class is not None
-        and fn.pci_class >> 16 == 0x03
-    )
+    if fn.vendor not in (AMD, INTEL) or fn.pci_class is None:
+        return False
+    base = fn.pci_class >> 16
+    return base == DISPLAY or (base == ACCELERATOR and fn.vendor == AMD
+                               and fn.driver == "amdgpu")
+
+
+def vram_capacity(fn: PciFunction) -> dict[str, str]:
+    """``memory`` as amdgpu reports it (``mem_info_vram_total``, bytes); i915 and xe give no
+    such file, so an Intel GPU has no memory capacity."""
+    total = read_int(fn.path / "mem_info_vram_total")
+    if total is None or total <= 0:
+        return {}
+    return {"memory": f"{total >> 20}Mi" if total % (1 << 20) == 0 else str(total)}
 
 
 def scan_drm_gpus(
@@ -55,5 +67,6 @@ def scan_drm_gpus(
             iommu_group=fn.iommu_group,
             parent_pf=fn.physfn,
         )
-        out.append(Device(pci_name("gpu", fn.bdf), DeviceType.GPU, attrs, {}, host))
+        capacity = vram_capacity(fn) if fn.vendor == AMD else {}
+        out.append(Device(pci_name("gpu", fn.bdf), DeviceType.GPU, attrs, capacity, host))
     return out

@@ -65,6 +65,35 @@ class Taint:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestPolicy:
+    """How one capacity of a shareable device is consumed (KEP-5075 ``requestPolicy``).
+
+    Quantities are strings as published. ``default`` is what a request that names no amount
+    consumes; ``valid_values`` (ascending) or the ``min``/``max``/``step`` range says what a
+    request may consume (the scheduler rounds a request up to the next valid amount).
+    """
+
+    default: str
+    valid_values: tuple[str, ...] = ()
+    min: str | None = None
+    max: str | None = None
+    step: str | None = None
+
+    def to_api(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"default": self.default}
+        if self.valid_values:
+            out["validValues"] = list(self.valid_values)
+        elif self.min is not None:
+            rng: dict[str, Any] = {"min": self.min}
+            if self.max is not None:
+                rng["max"] = self.max
+            if self.step is not None:
+                rng["step"] = self.step
+            out["validRange"] = rng
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class CounterSet:
     """A pool's shared counters (KEP-4815 ``sharedCounters``): counter name -> quantity.
 
@@ -125,6 +154,10 @@ class Device:
     capacity: Mapping[str, str]  # name -> quantity string ("80Gi", "132")
     host: HostInfo = field(default_factory=HostInfo)
     taints: tuple[Taint, ...] = ()
+    #: Shareable (``--sharing``, discovery/sharing.py): the scheduler may allocate the device
+    #: to several requests at once, each consuming part of its capacity by ``request_policies``.
+    allow_multiple_allocations: bool = False
+    request_policies: Mapping[str, RequestPolicy] = field(default_factory=dict)
     consumes: tuple[CounterConsumption, ...] = ()  # a partition of shared counters
 
     def to_api(self, list_attributes: bool = False) -> dict[str, Any]:
@@ -135,11 +168,20 @@ class Device:
             attrs[key] = attribute_to_api(self.attributes[key], list_attributes)
         out: dict[str, Any] = {"name": self.name, "attributes": dict(sorted(attrs.items()))}
         if self.capacity:
-            out["capacity"] = {k: {"value": self.capacity[k]} for k in sorted(self.capacity)}
+            out["capacity"] = {k: self._capacity_to_api(k) for k in sorted(self.capacity)}
+        if self.allow_multiple_allocations:
+            out["allowMultipleAllocations"] = True
         if self.consumes:
             out["consumesCounters"] = [c.to_api() for c in self.consumes]
         if self.taints:
             out["taints"] = [t.to_api() for t in self.taints]
+        return out
+
+    def _capacity_to_api(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"value": self.capacity[name]}
+        policy = self.request_policies.get(name)
+        if policy is not None:
+            out["requestPolicy"] = policy.to_api()
         return out
 
 

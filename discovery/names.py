@@ -21,12 +21,13 @@ import re
 
 log = logging.getLogger("discovery.names")
 
-DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+#: Used with fullmatch: re.match with "$" also accepts a trailing "\n" ("gpu-0\n").
+DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _BAD = re.compile(r"[^a-z0-9-]+")
 
 
 def is_dns_label(name: str) -> bool:
-    return bool(DNS_LABEL_RE.match(name))
+    return bool(DNS_LABEL_RE.fullmatch(name))
 
 
 def sanitize(name: str, source: str = "") -> str:
@@ -60,7 +61,7 @@ def mig_name(parent_minor: int, profile: str, start: int, ci: int | None = None)
     return sanitize(base, source=profile)
 
 
-_HEX = re.compile(r"^[0-9a-f]+$")
+_HEX = re.compile(r"[0-9a-f]+")
 
 
 def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
@@ -70,5 +71,5 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     keeps its order) and PCI bus numbers correctly (nic-0000-4f-00-0 before nic-0000-9a-00-0).
     """
     return tuple(
-        (0, int(part, 16)) if _HEX.match(part) else (1, part) for part in name.split("-")
+        (0, int(part, 16)) if _HEX.fullmatch(part) else (1, part) for part in name.split("-")
     )

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from discovery.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, Device, DeviceType, Inventory
 from discovery.names import natural_key
+from discovery.sharing import SHARES, SHARING_ATTRIBUTE, enforcement
 
 TABLE_COLUMNS = ("NAME", "TYPE", "MODEL", "PCI", "NUMA", "PCIE-ROOT", "SWITCH", "DETAILS")
 WIDE_COLUMNS = (*TABLE_COLUMNS[:-1], "DRIVER", "UUID/MAC", "DETAILS")
@@ -40,6 +41,8 @@ def details(device: Device) -> str:
         parts.append(f"profile={a.get('profile')}")
         parts.append(f"placement={a.get('placementStart')}+{a.get('placementSize')}")
         parts.append(f"parent=gpu-{a.get('parentMinor')}")
+    if device.allow_multiple_allocations:
+        parts.append(f"shared={share_summary(device)}")
     if "memory" in device.capacity:
         parts.append(f"memory={device.capacity['memory']}")
     if "multiprocessors" in device.capacity:
@@ -73,6 +76,15 @@ def _row(device: Device, wide: bool) -> list[str]:
     return [*base, details(device)]
 
 
+def share_summary(device: Device) -> str:
+    """How a shareable device is handed out: ``shares:4``, ``memory/10Gi``."""
+    kind = device.attributes.get(SHARING_ATTRIBUTE)
+    if kind == SHARES:
+        return f"{SHARES}:{device.capacity.get(SHARES, '?')}"
+    policy = device.request_policies.get(str(kind))
+    return f"{kind}/{policy.step if policy is not None else '?'}"
+
+
 def format_rows(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
@@ -85,11 +97,24 @@ def table(inventory: Inventory, wide: bool = False) -> str:
     header = WIDE_COLUMNS if wide else TABLE_COLUMNS
     out = format_rows(header, [_row(d, wide) for d in inventory.devices]) \
         if inventory.devices else "No devices to offer."
+    shared: dict[str, list[str]] = defaultdict(list)
+    for device in inventory.devices:
+        if wide and device.allow_multiple_allocations:
+            shared[f"{share_summary(device)}: {enforcement(device)}"].append(device.name)
+    if shared:
+        out += "\n\n" + format_rows(
+            ("SHARED", "ENFORCED BY"),
+            [[_names(names), text] for text, names in shared.items()],
+        )
     if inventory.reserved:
         out += "\n\n" + format_rows(
             ("RESERVED", "REASON"), [[k, v] for k, v in inventory.reserved.items()]
         )
     return out
+
+
+def _names(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1} more)"
 
 
 def _leaf(device: Device) -> str:

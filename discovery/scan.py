@@ -19,6 +19,7 @@ from discovery.model import CounterSet, Device, DeviceType, Inventory
 from discovery.names import natural_key
 from discovery.nics import NicFilter, scan_nics, uplink_interfaces
 from discovery.partitions import OwnedKey
+from discovery.sharing import SharingMode, apply_sharing
 from discovery.sources import Sources
 from discovery.sysfs import Sysfs, endpoints_below
 from discovery.vfs import candidates
@@ -42,13 +43,15 @@ class DiscoveryOptions:
     lets the agent run beside another driver that owns that hardware, so one device is never
     offered twice. Interface patterns are fnmatch globs on ifName, PCI address or device name.
     ``node_addresses`` are addresses the node is known by (e.g. its InternalIP): the NIC
-    holding one is reserved, like the default-route NIC.
+    holding one is reserved, like the default-route NIC. ``sharing``: the device types
+    published shareable, and how (``discovery.sharing``).
     """
 
     device_types: tuple[str, ...] = ALL_TYPES
     include_ifaces: tuple[str, ...] = ()
     exclude_ifaces: tuple[str, ...] = ()
     node_addresses: tuple[str, ...] = ()
+    sharing: tuple[SharingMode, ...] = ()
     #: ``static``: offer the MIG instances that exist; ``dynamic``: offer every partition a
     #: MIG-mode GPU has room for (discovery.partitions), ``mig_owned`` naming the instances
     #: dra-agent created (the checkpoint's).
@@ -123,6 +126,7 @@ def discover(sources: Sources, options: DiscoveryOptions | None = None) -> Inven
             counter_sets += vf_sets
             devices += vf_candidates
 
+    devices = apply_sharing(devices, options.sharing, warnings)
     devices = _unique([fit_limits(d) for d in devices], warnings)
     log.debug("discovery done", extra={
         "devices": len(devices), "reserved": len(reserved), "source": sources.label,

@@ -162,7 +162,9 @@ class Sysfs:
                 self.root, "bus", "pci", "devices", bdf)
             raise DeviceVanishedError(bdf, Path(gone))
         pci_class = read_int(j(real, "class"), 16)
-        light = pci_class is not None and pci_class >> 16 not in (0x02, 0x03)
+        # Only network, display and accelerator functions (an AMD Instinct MI300 is 0x12)
+        # are ever offered; the rest need no more than their place in the tree.
+        light = pci_class is not None and pci_class >> 16 not in (0x02, 0x03, 0x12)
         chain = chain[:-1] if chain and chain[-1] == bdf else chain
         if light:
             return PciFunction(bdf, Path(real), chain, root, None, None, pci_class, None, None,

@@ -15,9 +15,8 @@ import time
 from hack.benches import Figure
 
 AREAS = (
-    "discovery", "partitions", "cdi", "plugin", "flood", "slices", "startup", "explain", "health",
-    "ops", "e2e",
-    "realkubelet", "vs-upstream",
+    "discovery", "partitions", "cdi", "plugin", "sharing", "flood", "slices", "startup",
+    "explain", "health", "ops", "e2e", "realkubelet", "vs-upstream",
 )
 
 

@@ -46,6 +46,7 @@ from typing import Any
 
 from agent.claim.model import name_problem, uid_problem
 from agent.common.k8snames import dns_label_problem
+from agent.common.quantity import is_quantity
 
 SCHEMA_VERSION = 1
 
@@ -80,6 +81,11 @@ class PreparedDevice:
     uuid: str | None = None
     if_name: str | None = None
     pci_address: str | None = None
+    #: A share's consumedCapacity (name -> quantity): what it holds of the device, summed
+    #: against the device's capacity when another share is prepared.
+    consumed: Mapping[str, str] = field(default_factory=dict)
+    #: The GPU time-slice interval this share asked for (``agent.prepare.enforce``).
+    time_slice: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -96,6 +102,10 @@ class PreparedDevice:
             out["shareID"] = self.share_id
         if self.admin_access:
             out["adminAccess"] = True
+        if self.consumed:
+            out["consumedCapacity"] = dict(self.consumed)
+        if self.time_slice is not None:
+            out["timeSlice"] = self.time_slice
         # Written only when known: a record without them reads back as it was.
         for key, value in (("uuid", self.uuid), ("ifName", self.if_name),
                            ("pciAddress", self.pci_address)):
@@ -108,7 +118,7 @@ class PreparedDevice:
         obj = _mapping(data, "device")
         known = {
             "pool", "device", "requests", "cdiDeviceIDs", "shareID", "adminAccess", "uuid",
-            "ifName", "pciAddress",
+            "ifName", "pciAddress", "consumedCapacity", "timeSlice",
         }
         return cls(
             pool=_str(obj, "pool"),
@@ -120,6 +130,8 @@ class PreparedDevice:
             uuid=_opt_str(obj, "uuid"),
             if_name=_opt_str(obj, "ifName"),
             pci_address=_opt_str(obj, "pciAddress"),
+            consumed=_quantities(obj, "consumedCapacity"),
+            time_slice=_opt_str(obj, "timeSlice"),
             extra={k: v for k, v in obj.items() if k not in known},
         )
 
@@ -393,6 +405,17 @@ def _opt_str(obj: Mapping[str, Any], key: str) -> str | None:
     if not isinstance(value, str):
         raise ValueError(f"field {key!r}: expected a string, got {value!r}")
     return value
+
+
+def _quantities(obj: Mapping[str, Any], key: str) -> dict[str, str]:
+    """A map of capacity names to quantity strings; anything else is corruption (a sum
+    over garbage could let a share through that does not fit)."""
+    value = obj.get(key, {})
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and is_quantity(v) for k, v in value.items()
+    ):
+        raise ValueError(f"field {key!r}: expected an object of quantities")
+    return dict(value)
 
 
 def _str_tuple(obj: Mapping[str, Any], key: str) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.common.k8snames import dns_label_problem, dns_subdomain_problem
+from agent.common.quantity import is_quantity, parse_quantity
 
 
 class ClaimError(Exception):
@@ -71,6 +72,12 @@ class AllocatedDevice:
     device: str
     admin_access: bool = False
     share_id: str | None = None
+    #: ``consumedCapacity`` of a share (name -> quantity), sorted by name; empty otherwise.
+    consumed: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def consumed_capacity(self) -> dict[str, str]:
+        return dict(self.consumed)
 
     @property
     def base_request(self) -> str:
@@ -236,6 +243,8 @@ def allocation_json(claim: Claim, driver: str) -> dict[str, Any]:
             item["adminAccess"] = True
         if r.share_id:
             item["shareID"] = r.share_id
+        if r.consumed:
+            item["consumedCapacity"] = r.consumed_capacity
         results.append(item)
     configs = [
         {"source": c.source, "requests": list(c.requests),
@@ -327,7 +336,27 @@ def _parse_result(item: Any, label: str, index: int) -> AllocatedDevice:
         device=fields["device"],
         admin_access=item.get("adminAccess") is True,
         share_id=share or None,
+        consumed=_parse_consumed(item.get("consumedCapacity"), label, path),
     )
+
+
+def _parse_consumed(value: Any, label: str, path: str) -> tuple[tuple[str, str], ...]:
+    """``consumedCapacity``: capacity name -> quantity (the API server sends strings)."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ClaimError(label, f"{path}.consumedCapacity is not an object")
+    out: list[tuple[str, str]] = []
+    for name, amount in value.items():
+        if not isinstance(name, str) or not name:
+            raise ClaimError(label, f"{path}.consumedCapacity has a name that is not a string")
+        text = str(amount) if isinstance(amount, int) and not isinstance(amount, bool) \
+            else amount
+        if not isinstance(text, str) or not is_quantity(text) or parse_quantity(text) < 0:
+            raise ClaimError(label, f"{path}.consumedCapacity[{_shown(name)[:60]}] is not "
+                                    f"a quantity such as 2 or 10Gi")
+        out.append((name, text))
+    return tuple(sorted(out))
 
 
 def _parse_config(item: Any, label: str, index: int) -> OpaqueConfig:

@@ -10,6 +10,9 @@ A claim (or class) passes it as ``opaque: {driver: <our driver>, parameters: {..
     netdev:                   # NICs and VFs only; other devices ignore it
       move: true              # move the host interface into the pod (CDI 1.1.0 netDevices)
       interfaceName: net1     # its name inside the pod (default: its host name)
+    sharing:                  # shares of NVIDIA GPUs only (--sharing gpu=...)
+      timeSlice: Long         # the GPU's time-slice interval: Default, Short, Medium, Long
+      mps: true               # bound the share through the node's MPS control daemon
     vf:                       # VFs of --vfs dynamic only; other devices ignore it
       driver: vfio-pci        # bind the VF to vfio-pci, or netdev: its PF's kernel driver
 
@@ -66,10 +69,13 @@ ALLOWED_ENV = frozenset({
 _MAX_DENY = 64
 #: Linux ``dev_valid_name``: 1-15 bytes (IFNAMSIZ - 1), no '/', ':' or whitespace, not . or ..
 _IFNAME = re.compile(r"^[^/:\s]{1,15}$")
-_TOP_FIELDS = ("apiVersion", "kind", "env", "denyEnv", "netdev", "vf")
+_TOP_FIELDS = ("apiVersion", "kind", "env", "denyEnv", "netdev", "sharing", "vf")
 #: ``vf.driver`` values: the PF's own kernel driver (a netdev), or vfio-pci (a VFIO group).
 VF_DRIVERS = ("netdev", "vfio-pci")
 _NETDEV_FIELDS = ("move", "interfaceName")
+_SHARING_FIELDS = ("timeSlice", "mps")
+#: ``nvidia-smi compute-policy --set-timeslice`` levels by name.
+TIME_SLICES = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 
 
 class ConfigDecodeError(ValueError):
@@ -98,9 +104,28 @@ class NetdevConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SharingConfig:
+    """How a share of a GPU is bounded (``agent.prepare.enforce``). ``None``: not set here."""
+
+    time_slice: str | None = None
+    mps: bool | None = None
+
+    def merged(self, later: SharingConfig) -> SharingConfig:
+        return SharingConfig(
+            time_slice=later.time_slice or self.time_slice,
+            mps=later.mps if later.mps is not None else self.mps,
+        )
+
+    @property
+    def is_set(self) -> bool:
+        return self.time_slice is not None or self.mps is not None
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     netdev: NetdevConfig = field(default_factory=NetdevConfig)
+    sharing: SharingConfig = field(default_factory=SharingConfig)
     #: Extra denied names (``PREFIX*`` for a prefix), from DeviceClass configs only.
     deny_env: tuple[str, ...] = ()
     #: ``vf.driver``: what a VF made on demand is bound to (None: as the kernel made it).
@@ -120,6 +145,7 @@ class DeviceConfig:
         return DeviceConfig(
             env={**self.env, **later.env},
             netdev=self.netdev.merged(later.netdev),
+            sharing=self.sharing.merged(later.sharing),
             deny_env=(*self.deny_env, *(d for d in later.deny_env if d not in self.deny_env)),
             vf_driver=later.vf_driver or self.vf_driver,
         )
@@ -166,7 +192,27 @@ def decode_config(params: Any, *, from_class: bool = False) -> DeviceConfig:
         raise ConfigDecodeError(unknown[0], f"unknown field (known: {', '.join(_TOP_FIELDS)})")
     deny = _decode_deny(params.get("denyEnv"), from_class)
     return DeviceConfig(env=_decode_env(params.get("env")), netdev=_decode_netdev(params),
-                        deny_env=deny, vf_driver=_decode_vf(params.get("vf")))
+                        sharing=_decode_sharing(params.get("sharing")), deny_env=deny,
+                        vf_driver=_decode_vf(params.get("vf")))
+
+
+def _decode_sharing(raw: Any) -> SharingConfig:
+    if raw is None:
+        return SharingConfig()
+    if not isinstance(raw, Mapping):
+        raise ConfigDecodeError("sharing", "must be an object with timeSlice and mps")
+    unknown = sorted(str(k) for k in set(raw) - set(_SHARING_FIELDS))
+    if unknown:
+        raise ConfigDecodeError(
+            f"sharing.{unknown[0]}", f"unknown field (known: {', '.join(_SHARING_FIELDS)})")
+    time_slice = raw.get("timeSlice")
+    if time_slice is not None and time_slice not in TIME_SLICES:
+        raise ConfigDecodeError("sharing.timeSlice",
+                                f"{time_slice!r:.40} is not one of {', '.join(TIME_SLICES)}")
+    mps = raw.get("mps")
+    if mps is not None and not isinstance(mps, bool):
+        raise ConfigDecodeError("sharing.mps", f"must be true or false, not {mps!r:.40}")
+    return SharingConfig(time_slice=time_slice, mps=mps)
 
 
 def _decode_vf(raw: Any) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from agent.checkpoint.model import CheckpointCorruptError, ClaimRecord, decode
+from agent.checkpoint.model import CheckpointCorruptError, ClaimRecord, PreparedDevice, decode
 from agent.checkpoint.store import MAX_CHECKPOINT_BYTES
 from agent.common.config import pop_config, shared_options
 from agent.common.metrics import label_value
@@ -57,18 +57,26 @@ def render_wide(records: list[ClaimRecord]) -> str:
     """One row per prepared device with its hardware identity, the rows of
     ``dra_agent_claim_device_info``; a claim without devices gets one row of dashes."""
     header = ("NAMESPACE", "NAME", "UID", "STATE", "POOL", "DEVICE", "UUID", "PCI", "IFNAME",
-              "UPDATED")
+              "SHARE", "UPDATED")
     rows: list[tuple[str, ...]] = [header]
     for r in records:
         claim = (r.namespace or "-", r.name or "-", r.uid, _state(r))
         # Checkpoint strings are printed to a terminal: no escape sequence or newline passes.
         devices = [
             tuple(label_value(v) if v else "-"
-                  for v in (d.pool, d.device, d.uuid, d.pci_address, d.if_name))
+                  for v in (d.pool, d.device, d.uuid, d.pci_address, d.if_name, _share(d)))
             for d in r.devices
-        ] or [("-",) * 5]
+        ] or [("-",) * 6]
         rows += [(*claim, *device, r.updated or "-") for device in devices]
     return _columns(rows)
+
+
+def _share(device: PreparedDevice) -> str:
+    """A share's ID and what it holds (``<shareID> shares=2``); empty for a whole device."""
+    if not device.share_id:
+        return ""
+    held = " ".join(f"{k}={v}" for k, v in sorted(device.consumed.items()) if v != "0")
+    return f"{device.share_id} {held}".strip()
 
 
 def _columns(rows: Sequence[tuple[str, ...]]) -> str:

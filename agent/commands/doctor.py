@@ -32,7 +32,8 @@ if TYPE_CHECKING:
               help="The host's / (in a pod: mounted read-only) [default: /; --simulate: a "
                    "generated healthy node]")
 @shared_options("driver_name", "node_name", "kubeconfig", "kubelet_dir", "cdi_dir", "simulate",
-                "device_types", "metrics_address", "config_file", "log_format", "verbosity")
+                "device_types", "sharing", "metrics_address", "config_file", "log_format",
+                "verbosity")
 def command(**kwargs: Any) -> None:
     """Check why pods on this node would not get their devices.
 
@@ -121,7 +122,8 @@ def _context(cfg: Config, root: Path | None, api: Http | None, skip: str,
 
     def make(host: HostRoot, sources: Sources) -> Context:
         def run_discovery() -> Inventory:
-            return discover(sources, DiscoveryOptions(device_types=cfg.device_types))
+            return discover(sources, DiscoveryOptions(device_types=cfg.device_types,
+                                                      sharing=cfg.sharing))
 
         return Context(host=host, options=options, api=api, api_skip=skip, api_error=error,
                        discover=run_discovery, gpu=sources.gpu if wants_nvml else None,

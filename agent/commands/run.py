@@ -81,6 +81,10 @@ def _health_options(kwargs: dict[str, Any]) -> HealthOptions | None:
               envvar="DRA_AGENT_DEVICE_METADATA", show_envvar=True,
               help="Give each container the metadata file of its requests' devices "
                    "(/var/run/kubernetes.io/dra-device-attributes/..., KEP-5304).")
+@click.option("--mps-pipe-dir", type=click.Path(file_okay=False), default=None,
+              envvar="DRA_AGENT_MPS_PIPE_DIR", show_envvar=True,
+              help="Pipe directory of the node's MPS control daemon (nvidia-cuda-mps-control "
+                   "-d): shares whose claim config asks for sharing.mps become its clients.")
 @click.option("--node-address", "node_addresses", multiple=True,
               envvar="DRA_AGENT_NODE_ADDRESS", show_envvar=True,
               help="A node address whose NIC is never offered (repeatable).")
@@ -112,6 +116,7 @@ def command(**kwargs: Any) -> None:
         boot_id_path=Path(kwargs["boot_id_file"]), health=health,
         device_metadata=kwargs["device_metadata"],
         allow_device_plugin_overlap=kwargs["allow_device_plugin_overlap"],
+        mps_pipe_dir=Path(kwargs["mps_pipe_dir"]) if kwargs["mps_pipe_dir"] else None,
     ))
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

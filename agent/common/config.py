@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import click
 
+from discovery.sharing import SharingMode, parse_sharing_list
+
 ENV_PREFIX = "DRA_AGENT_"
 DEFAULT_DRIVER = "dra-agent.io"
 ALL_DEVICE_TYPES = ("gpu", "mig", "nic", "vf")
@@ -44,6 +46,8 @@ class Config:
     device_types: tuple[str, ...] = ALL_DEVICE_TYPES
     #: numaNode as an int list (1.37 DRAListTypeAttributes) or an int; auto asks the server.
     numa_node_attribute: str = "auto"
+    #: Device types published shareable (``--sharing gpu=shares:4``), discovery/sharing.py.
+    sharing: tuple[SharingMode, ...] = ()
     #: static: offer the MIG instances that exist; dynamic: every partition, made at prepare.
     mig: str = "static"
     #: static: offer the VFs that exist; dynamic: a PF without VFs offers them, made on use.
@@ -98,6 +102,20 @@ def _vf_mode(value: Any) -> str:
     return text
 
 
+def _sharing(value: Any) -> tuple[SharingMode, ...]:
+    if isinstance(value, SharingMode):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, SharingMode) for v in value):
+            return tuple(value)
+        items = [str(v) if isinstance(v, str) else _kind(v) for v in value]
+    elif isinstance(value, str):
+        items = value.split()  # DRA_AGENT_SHARING="gpu=shares:4 nic=bandwidth"
+    else:
+        raise ValueError(f"expected TYPE=MODE strings, got {_kind(value)}")
+    return parse_sharing_list(items)
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {_kind(value)}")
@@ -140,6 +158,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "config_file": _path,
     "verbosity": _verbosity,
     "device_types": _parse_device_types,
+    "sharing": _sharing,
 }
 
 #: A config file is a few lines; anything bigger is the wrong file (a log, a disk image).
@@ -247,6 +266,10 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         "type": click.Choice(NUMA_NODE_FORMS),
         "help": "numaNode as an int list (needs DRAListTypeAttributes) or an int; auto asks "
                 "the API server [default: auto]"}),
+    (("--sharing",), {
+        "multiple": True, "metavar": "TYPE=MODE",
+        "help": "publish a device type shareable: gpu=shares:N, gpu=memory[:STEP], "
+                "nic=shares:N, nic=bandwidth[:STEP] (repeatable) [default: exclusive]"}),
     (("--mig",), {
         "type": click.Choice(MIG_MODES),
         "help": "MIG: offer the instances that exist, or every partition a MIG-mode GPU has "

@@ -30,10 +30,11 @@ format_quantity = quantity.format_quantity
 
 
 _SEMVER_RE = re.compile(
-    r"^(?P<major>0|[1-9]\d*)\.(?P<minor>0|[1-9]\d*)\.(?P<patch>0|[1-9]\d*)"
+    r"(?P<major>0|[1-9]\d*)\.(?P<minor>0|[1-9]\d*)\.(?P<patch>0|[1-9]\d*)"
     r"(?:-(?P<pre>(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)"
     r"(?:\.(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*))?"
-    r"(?:\+(?P<build>[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?$"
+    r"(?:\+(?P<build>[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?",
+    re.ASCII,  # matched whole (fullmatch) and \d ASCII only, as Go's semver reads it
 )
 
 
@@ -90,7 +91,7 @@ def _parse_semver_text(text: str, normalize: bool) -> Semver:
         if 1 <= len(parts) <= 3 and all(p.isdigit() for p in parts):
             parts = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
             s = ".".join(parts) + (sep + rest if sep else "")
-    m = _SEMVER_RE.match(s)
+    m = _SEMVER_RE.fullmatch(s)
     if not m:
         raise ValueParseError(f"{text!r} is not a semantic version (e.g. 1.2.3)")
     pre = tuple(m["pre"].split(".")) if m["pre"] else ()

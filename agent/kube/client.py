@@ -21,10 +21,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.common.config import Config
 from agent.kube.transport import KubeHTTP, as_kubehttp
+
+if TYPE_CHECKING:
+    from agent.kube.credentials import NeedsOfficialLoaderError
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +119,7 @@ def api_client(
             return lean_client(load_kubeconfig(source.path, env=environ))
         except NeedsOfficialLoaderError as err:
             log.info("kubeconfig needs the official loader", extra={"why": err.cause})
-            return _official_client(source)
+            return _official_client(source, err)
     except KubeConfigError:
         raise
     except (CredentialsError, OSError, ValueError) as err:
@@ -124,8 +127,15 @@ def api_client(
         raise KubeConfigError(source.describe(), cause) from err
 
 
-def _official_client(source: ClientSource) -> KubeHTTP:
-    """The kubeconfig at ``source`` loaded by ``kubernetes.config`` (exec, auth-provider)."""
+def _official_client(source: ClientSource, why: NeedsOfficialLoaderError | None = None
+                     ) -> KubeHTTP:
+    """The kubeconfig at ``source`` loaded by ``kubernetes.config`` (exec, auth-provider).
+
+    The proxy is the one the lean parse decided (``why.proxy_resolved``), as client-go
+    decides it: the official loader alone drops proxy-url's userinfo and reads
+    HTTPS_PROXY/NO_PROXY from this process by Python's rules, not from the given environment
+    by Go's.
+    """
     # Typed as Any: the client's own annotations are partial and not worth mirroring.
     k8s_client: Any = importlib.import_module("kubernetes.client")
     k8s_config: Any = importlib.import_module("kubernetes.config")
@@ -138,4 +148,11 @@ def _official_client(source: ClientSource) -> KubeHTTP:
         )  # fmt: skip
     except (k8s_config.ConfigException, OSError, ValueError) as err:
         raise KubeConfigError(source.describe(), str(err)) from err
+    if why is not None and why.proxy_resolved:
+        # The setter also stops the client re-reading the environment when host changes.
+        configuration.proxy = why.proxy_url
+        # NO_PROXY has been applied already (no proxy_url when it matched this server).
+        configuration.no_proxy = ""
+        configuration.proxy_headers = (
+            {"proxy-authorization": why.proxy_auth} if why.proxy_auth else None)
     return as_kubehttp(k8s_client.ApiClient(configuration))

@@ -19,7 +19,22 @@ class CredentialsError(ValueError):
 
 
 class NeedsOfficialLoaderError(CredentialsError):
-    """The kubeconfig needs something only the official loader does (exec, auth-provider)."""
+    """The kubeconfig needs something only the official loader does (exec, auth-provider).
+
+    ``proxy_resolved`` is set once the lean parse has decided the cluster's proxy (proxy-url,
+    else HTTPS_PROXY/HTTP_PROXY/NO_PROXY as Go reads them): ``proxy_url`` (without userinfo,
+    None for a direct connection) and ``proxy_auth`` (its Proxy-Authorization), for the
+    official client to use instead of what it would make of them.
+    """
+
+    def __init__(self, source: str, cause: str) -> None:
+        super().__init__(source, cause)
+        self.proxy_resolved = False
+        self.proxy_url: str | None = None
+        self.proxy_auth: str | None = None
+
+    def __repr__(self) -> str:  # never the proxy's credentials
+        return f"{type(self).__name__}({self.source!r}, {self.cause!r})"
 
 
 @dataclass(frozen=True, slots=True)

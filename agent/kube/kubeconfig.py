@@ -92,7 +92,13 @@ def load_kubeconfig(
         raise CredentialsError(source, f"{where_c}: insecure-skip-tls-verify is true and a "
                                "certificate authority is set (kubectl refuses this)")
     _readable(ca_file, f"{where_c}: certificate-authority", source)
-    creds = _user(user, where_u, file, source)
+    try:
+        creds = _user(user, where_u, file, source)
+    except NeedsOfficialLoaderError as err:
+        # The official loader copies proxy-url alone (its userinfo lost) and reads the proxy
+        # environment by Python's rules: it gets the proxy decided here instead.
+        err.proxy_resolved, err.proxy_url, err.proxy_auth = True, proxy_url, proxy_auth
+        raise
     return Credentials(
         server=server, source=source, ca_file=ca_file, ca_data=ca_data, insecure=insecure,
         tls_server_name=cluster.get("tls-server-name") or None, proxy_url=proxy_url,

@@ -38,6 +38,7 @@ from agent.plugin.sockets import (
 )
 from agent.prepare.cdispecs import CDIClaimSpecs, DeviceEdits
 from agent.prepare.claimmetadata import ClaimMetadata
+from agent.prepare.enforce import GpuControl
 from agent.prepare.metadata import HOST_SUBDIR
 from agent.prepare.metadatafiles import HostMetadataFiles
 from agent.prepare.recovery import recover
@@ -78,6 +79,9 @@ class PluginOptions:
     #: ``EnableDeviceMetadata`` option is off unless a driver enables it: the file holds only
     #: what the ResourceSlice publishes, and 1.35's runtimes apply the mount like any other.
     device_metadata: bool = True
+    #: The node's MPS control daemon's pipe directory, for shares asking for MPS
+    #: (``agent.prepare.enforce``); None: no daemon the agent knows of.
+    mps_pipe_dir: Path | None = None
 
     @property
     def pool(self) -> str:
@@ -96,6 +100,7 @@ class PluginServer:
         *,
         claim_source: ClaimSource | None = None,
         failpoints: Failpoints | None = None,
+        gpu_control: GpuControl | None = None,
         partitions: MigPartitions | None = None,
         vfs: VfProvisioner | None = None,
     ) -> None:
@@ -119,7 +124,8 @@ class PluginServer:
             driver=options.driver_name, pool=options.pool, node_name=options.node_name,
             checkpoint=self.checkpoint, specs=self.specs, inventory=inventory_provider,
             boot_id=read_boot_id(options.boot_id_path), metrics=self.metrics,
-            metadata=metadata, partitions=partitions, vfs=vfs,
+            metadata=metadata, gpu_control=gpu_control, mps_pipe_dir=options.mps_pipe_dir,
+            partitions=partitions, vfs=vfs,
         )
         self.framework = PluginFramework(
             options.driver_name,

@@ -2,7 +2,9 @@
 
 * kind ``k8s.<driver>/claim``; file ``k8s.<driver>-claim_<claimUID>.json`` in the CDI dir;
 * device names ``<claimUID>-<device>`` (unique per claim, so two claims never define the same
-  qualified name, which would make both unusable);
+  qualified name, which would make both unusable); a share of a device (KEP-5075) is
+  ``<claimUID>-<device>_<shareID>``, its own CDI device, since one claim may hold two shares
+  of one device (``_`` is in no device name, so the name still parses back);
 * each device's edits are its hardware edits (``DeviceEdits``, e.g. ``cdi.edits.EditsProvider``)
   plus env describing it and the bind mounts of the claim's device metadata files (on the
   first device of each request, ``agent.prepare.metadata``); a NIC's netdev moves into the
@@ -50,10 +52,20 @@ CLASS = "claim"
 MAX_SPEC_BYTES = 16 << 20
 
 
+#: Between a device's name and its share ID in a CDI device name.
+SHARE_SEPARATOR = "_"
+
+
+def cdi_device_name(claim_uid: str, device: str, share_id: str | None = None) -> str:
+    """The CDI device name of one device (or one share of it) of a claim."""
+    name = f"{claim_uid}-{device}"
+    return f"{name}{SHARE_SEPARATOR}{share_id}" if share_id else name
+
+
 class ClaimSpecs(Protocol):
     """The per-claim CDI spec files (the seam to ``cdi``; tests may pass their own)."""
 
-    def cdi_id(self, claim_uid: str, device: str) -> str: ...
+    def cdi_id(self, claim_uid: str, device: str, share_id: str | None = None) -> str: ...
 
     def path(self, claim_uid: str) -> Path: ...
 
@@ -120,8 +132,8 @@ class CDIClaimSpecs:
         self._common = edits if isinstance(edits, CommonEdits) else None
         self._prefix = f"{self.vendor}-{CLASS}_"
 
-    def cdi_id(self, claim_uid: str, device: str) -> str:
-        return f"{self.kind}={claim_uid}-{device}"
+    def cdi_id(self, claim_uid: str, device: str, share_id: str | None = None) -> str:
+        return f"{self.kind}={cdi_device_name(claim_uid, device, share_id)}"
 
     def path(self, claim_uid: str) -> Path:
         return self.cdi_dir / claim_spec_file_name(self.vendor, CLASS, claim_uid)
@@ -144,8 +156,8 @@ class CDIClaimSpecs:
             # device edits after spec-level ones and a later name replaces an earlier one, so
             # no config's env listed before them can change them.
             edits = edits.merge(ContainerEdits(env=(*env, *common.env)))
-            cdi_devices.append(CDIDevice(name=f"{claim.uid}-{item.device.name}",
-                                         container_edits=edits))
+            name = cdi_device_name(claim.uid, item.device.name, item.share_id)
+            cdi_devices.append(CDIDevice(name=name, container_edits=edits))
         spec_edits = ContainerEdits(device_nodes=common.device_nodes, mounts=common.mounts,
                                     hooks=common.hooks, net_devices=common.net_devices)
         return Spec(kind=self.kind, devices=tuple(cdi_devices), container_edits=spec_edits)
@@ -185,7 +197,7 @@ class CDIClaimSpecs:
         try:
             doc = json.loads(read_capped(path, MAX_SPEC_BYTES))
             names = [d["name"] for d in doc.get("devices", [])]
-            ours = [n[len(uid) + 1 :] for n in names
+            ours = [n[len(uid) + 1 :].split(SHARE_SEPARATOR, 1)[0] for n in names
                     if isinstance(n, str) and n.startswith(uid + "-")]
             # The names become device names of an adopted record: ResourceSlice device names,
             # so DNS labels (which also keeps NUL, surrogates and newlines out of the record).

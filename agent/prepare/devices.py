@@ -10,12 +10,12 @@ reported prepared).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from agent.checkpoint.model import PreparedDevice
 from agent.claim.model import AllocatedDevice, ClaimRef
-from agent.claim.opaque import DeviceConfig
+from agent.claim.opaque import DeviceConfig, SharingConfig
 from agent.claim.status import NicStatus
 from agent.prepare.errors import BadConfigError
 from cdi.spec import Mount
@@ -39,6 +39,11 @@ class SpecDevice:
     move_netdev: bool = False
     interface_name: str | None = None
     mounts: tuple[Mount, ...] = ()
+    #: The allocation's shareID: a share is its own CDI device (``cdispecs``).
+    share_id: str | None = None
+    #: A share's consumedCapacity and how the claim asks it to be bounded (``enforce``).
+    consumed: Mapping[str, str] = field(default_factory=dict)
+    sharing: SharingConfig = field(default_factory=SharingConfig)
     #: ``vf.driver`` of the claim's config for a VF (``agent.prepare.vfs``); None otherwise.
     vf_driver: str | None = None
 
@@ -55,7 +60,9 @@ def spec_device(
     """The device with its netdev choice; a GPU ignores a claim-wide ``netdev``."""
     vf_driver = config.vf_driver if device.type == DeviceType.VF else None
     if not (config.move_netdev and device.type in NETDEV_TYPES):
-        return SpecDevice(device=device, env=env, vf_driver=vf_driver)
+        return SpecDevice(device=device, env=env, share_id=result.share_id,
+                          consumed=result.consumed_capacity, sharing=config.sharing,
+                          vf_driver=vf_driver)
     if not device.host.if_name:
         raise BadConfigError(
             str(ref),
@@ -63,6 +70,13 @@ def spec_device(
             f"{device.name} has no network interface on the host (driver "
             f"{device.host.driver or 'none'}), so there is nothing to move; drop "
             "netdev.move for this request",
+        )
+    if result.share_id:
+        raise BadConfigError(
+            str(ref),
+            f"opaque config for request {result.base_request}: netdev.move: device "
+            f"{device.name} is shared (shareID {result.share_id}); its interface cannot move "
+            "into one pod while other pods hold shares of it; drop netdev.move",
         )
     return SpecDevice(device=device, env=env, move_netdev=True,
                       interface_name=config.pod_interface_name,

@@ -27,3 +27,11 @@ class CheckpointUnavailableError(ClaimError):
 
 class DeviceMetadataError(ClaimError):
     reason = "device_metadata"
+
+
+class NotShareableError(ClaimError):
+    reason = "not_shareable"
+
+
+class CapacityExceededError(ClaimError):
+    reason = "capacity_exceeded"

@@ -49,6 +49,14 @@ from agent.prepare.devices import (
     nic_status,
     spec_device,
 )
+from agent.prepare.enforce import (
+    GpuControl,
+    apply_time_slices,
+    check_config,
+    check_time_slices,
+    mps_edits,
+    release_time_slices,
+)
 from agent.prepare.errors import (
     BadConfigError,
     CheckpointUnavailableError,
@@ -56,6 +64,7 @@ from agent.prepare.errors import (
     SpecWriteError,
     UnknownDeviceError,
 )
+from agent.prepare.shares import check_shares
 from cdi.errors import CDIError
 from discovery.model import Device, Inventory
 
@@ -89,6 +98,8 @@ class DevicePreparer:
         metrics: Metrics | None = None,
         failpoints: Failpoints | None = None,
         metadata: ClaimMetadata | None = None,
+        gpu_control: GpuControl | None = None,
+        mps_pipe_dir: Path | None = None,
         partitions: MigPartitions | None = None,
         vfs: VfProvisioner | None = None,
     ) -> None:
@@ -103,6 +114,10 @@ class DevicePreparer:
         #: Crash-test hooks (``agent.common.failpoints``); None in normal operation.
         self.failpoints = failpoints
         self.metadata = metadata or ClaimMetadata(driver, None, enabled=False)
+        #: Where shares of GPUs are bounded (``agent.prepare.enforce``): nvidia-smi, or a
+        #: recording stand-in on a simulated node; None where there is no such tool.
+        self.gpu_control = gpu_control
+        self.mps_pipe_dir = mps_pipe_dir
         #: Dynamic MIG (``--mig dynamic``): creates the partitions claims are allocated.
         self.partitions = partitions
         #: VFs on demand (``--vfs dynamic``): makes a PF's VFs when a claim first needs one.
@@ -121,8 +136,11 @@ class DevicePreparer:
         inventory = self.inventory().by_name()
         spec_devices = [self.spec_device(claim, r, inventory) for r in results]
         check_pod_interfaces(ref, spec_devices)
+        spec_devices = mps_edits(ref, spec_devices, self.mps_pipe_dir)
         files, spec_devices, metadata = self.metadata.plan(claim, results, spec_devices)
-        prepared = identified([self._prepared(ref, r) for r in results], self.pool, inventory)
+        prepared = identified([replace(self._prepared(ref, r), time_slice=d.sharing.time_slice)
+                               for r, d in zip(results, spec_devices, strict=True)],
+                              self.pool, inventory)
         spec_path = str(self.specs.path(ref.uid))
         cdi_ids = [i for d in prepared for i in d.cdi_ids]
         record = ClaimRecord(
@@ -135,6 +153,8 @@ class DevicePreparer:
 
         def start(claims: dict[str, ClaimRecord]) -> None:
             self._check_free(ref, results, claims)
+            check_shares(ref, results, prepared, claims, inventory=inventory, pool=self.pool)
+            check_time_slices(ref, prepared, claims)
             if metadata is not None:
                 self.metadata.check_unshared(ref, claims)
             claims[ref.uid] = record
@@ -157,6 +177,7 @@ class DevicePreparer:
                 made = {d.device.name: d.device for d in spec_devices}
                 record = replace(record, devices=identified(record.devices, self.pool, made))
             self.metadata.write(ref, files)  # first: the spec's mounts name these files
+            apply_time_slices(ref, spec_devices, self.gpu_control)
             if spec_devices:
                 self.write_spec(ref, spec_devices)
             hit(self.failpoints, Point.PREPARE_AFTER_SPEC_WRITTEN, ref.uid)
@@ -262,10 +283,12 @@ class DevicePreparer:
             from agent.prepare.partitions import overlay
 
             inventory = overlay(record, self.pool, inventory)
-        devices = [self.spec_device(claim, r, inventory) for r in results]
+        devices = mps_edits(claim.ref, [self.spec_device(claim, r, inventory) for r in results],
+                            self.mps_pipe_dir)
         files, devices, metadata = self.metadata.plan(
             claim, results, devices, wanted=record.metadata is not None)
         self.metadata.write(claim.ref, files)
+        apply_time_slices(claim.ref, devices, self.gpu_control)  # a reboot reset them
         if devices:
             self.write_spec(claim.ref, devices)
         if metadata is None and record.metadata is not None:
@@ -296,7 +319,9 @@ class DevicePreparer:
                 str(ref), f"opaque config for request {result.base_request}: {err}"
             ) from err
         env = device_env(result, device, config)
-        return spec_device(ref, result, device, env, config)
+        item = spec_device(ref, result, device, env, config)
+        check_config(ref, item, result.base_request)
+        return item
 
     def network_status(self, claim: Claim) -> list[NicStatus]:
         """What the claim's ``status.devices`` should say about its NICs, after a prepare."""
@@ -313,9 +338,10 @@ class DevicePreparer:
             pool=result.pool,
             device=result.device,
             requests=(result.base_request,),
-            cdi_ids=(self.specs.cdi_id(ref.uid, result.device),),
+            cdi_ids=(self.specs.cdi_id(ref.uid, result.device, result.share_id),),
             share_id=result.share_id,
             admin_access=result.admin_access,
+            consumed=result.consumed_capacity,
         )
 
     def _check_free(
@@ -410,6 +436,9 @@ class DevicePreparer:
             self.vfs.release(str(ref) if ref is not None else uid, record)
         hit(self.failpoints, Point.UNPREPARE_AFTER_SPEC_REMOVED, uid)
         self.checkpoint.update(lambda claims: claims.pop(uid, None))
+        if record is not None and any(d.time_slice for d in record.devices):
+            release_time_slices(record, self.checkpoint.claims(), self.inventory().by_name(),
+                                self.gpu_control)
         hit(self.failpoints, Point.UNPREPARE_AFTER_COMPLETED, uid)
         self.update_gauges()
 

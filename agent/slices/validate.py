@@ -32,13 +32,15 @@ MAX_DRIVER = 63
 MAX_POOL_NAME = 253
 MAX_C_IDENTIFIER = 32
 
-_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-# Semantic Versioning 2.0.0, the grammar from semver.org.
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+# Semantic Versioning 2.0.0, the grammar from semver.org. Every pattern here is used with
+# fullmatch: re.match with "$" would also accept the string followed by one "\n".
 _SEMVER = re.compile(
-    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?",
+    re.ASCII,  # \d: ASCII digits only, as the API server's semver parser reads them
 )
 _SCALAR_KINDS = ("int", "bool", "string", "version")
 _LIST_KINDS = ("ints", "bools", "strings", "versions")
@@ -96,7 +98,7 @@ def qualified_name_problem(name: str) -> str | None:
         problem = dns_subdomain_problem(domain, MAX_DRIVER)
         if problem:
             return f"domain {domain!r}: {problem}"
-    if not _C_IDENTIFIER.match(ident):
+    if not _C_IDENTIFIER.fullmatch(ident):
         return f"{ident!r} must be a C identifier ([A-Za-z_][A-Za-z0-9_]*)"
     if len(ident) > MAX_C_IDENTIFIER:
         return f"{ident!r} must be at most {MAX_C_IDENTIFIER} characters, is {len(ident)}"
@@ -107,7 +109,7 @@ def label_key_problem(key: str) -> str | None:
     prefix, _, name = key.rpartition("/")
     if "/" in key and (problem := dns_subdomain_problem(prefix)):
         return f"prefix {prefix!r}: {problem}"
-    if not name or len(name) > 63 or not _LABEL_NAME.match(name):
+    if not name or len(name) > 63 or not _LABEL_NAME.fullmatch(name):
         return "must be a label name (at most 63 of [A-Za-z0-9-_.], alphanumeric at both ends)"
     return None
 
@@ -301,7 +303,7 @@ def _attribute_problems(attr: object) -> tuple[int, list[str]]:
                     f"{kind}: must be at most {MAX_STRING} characters, is {len(item)}"
                     f" ({item[:20]!r}...)"
                 )
-            elif base == "version" and not _SEMVER.match(item):
+            elif base == "version" and not _SEMVER.fullmatch(item):
                 problems.append(f"{kind}: {item!r} is not a semantic version (e.g. 1.2.3)")
     return len(items), problems
 
@@ -320,7 +322,7 @@ def _taint_problems(path: str, taints: Sequence[Any]) -> Iterator[tuple[str, str
         elif problem := label_key_problem(key):
             yield f"{tpath}.key", problem
         value = taint.get("value", "")
-        if value and (len(value) > 63 or not _LABEL_NAME.match(value)):
+        if value and (len(value) > 63 or not _LABEL_NAME.fullmatch(value)):
             yield f"{tpath}.value", "must be a label value (at most 63 of [A-Za-z0-9-_.])"
         if taint.get("effect") not in _TAINT_EFFECTS:
             yield f"{tpath}.effect", f"must be one of {', '.join(_TAINT_EFFECTS)}"

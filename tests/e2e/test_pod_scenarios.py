@@ -25,6 +25,7 @@ from tests.e2e.harness import (
     GPU_CLASS,
     NIC_CLASS,
     NODE,
+    PCIE_ROOT,
     AgentProcess,
     Cluster,
     NodeDirs,
@@ -112,11 +113,37 @@ def shared(node: Node) -> Iterator[Node]:
     assert node.agent.alive(), node.agent.logs()[-4000:]
 
 
-def exactly(*requests: tuple[str, str], count: int = 1, admin: bool = False) -> dict[str, Any]:
-    return {"devices": {"requests": [
+def exactly(*requests: tuple[str, str], count: int = 1, admin: bool = False,
+            constraints: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": [
         {"name": req, "exactly": {"deviceClassName": cls, "count": count,
                                   **({"adminAccess": True} if admin else {})}}
-        for req, cls in requests]}}
+        for req, cls in requests]}
+    if constraints:
+        devices["constraints"] = [dict(c) for c in constraints]
+    return {"devices": devices}
+
+
+#: gpu-0's PCIe root on the simulated dgx-h100 (a NIC shares it, nic-0000-18-00-0).
+FIRST_GPU_ROOT = "pci0000:15"
+
+
+def nic_under(root: str) -> dict[str, Any]:
+    """A claim spec for one NIC under PCIe root ``root``."""
+    expression = f'device.attributes["resource.kubernetes.io"].pcieRoot == "{root}"'
+    return {"devices": {"requests": [{"name": "nic", "exactly": {
+        "deviceClassName": NIC_CLASS, "selectors": [{"cel": {"expression": expression}}]}}]}}
+
+
+def pcie_root(node: Node, device: str) -> str | None:
+    """The device's resource.kubernetes.io/pcieRoot in the node's published slices."""
+    for item in node.cluster.wait_published():
+        for published in item["spec"].get("devices") or []:
+            if published["name"] == device:
+                value = (published.get("attributes") or {}).get(PCIE_ROOT) or {}
+                root: str | None = value.get("string")
+                return root
+    return None
 
 
 def pod_using(claim: Mapping[str, Any], suffix: str = "pod",
@@ -183,10 +210,20 @@ def test_prepares_restarts_and_unprepares(
     shared: Node, requests: list[tuple[str, str]], cdi_check_bin: Path,
 ) -> None:
     node = shared
-    claim = node.claim(f"claim-{len(requests)}", exactly(*requests))
+    constraints: list[dict[str, Any]] = []
+    if len(requests) > 1:
+        # GPU+NIC under one PCIe root, as the realk8s twin asks the scheduler's allocator.
+        # The NIC beside gpu-0 is held first, so only the constraint keeps the allocator
+        # from pairing gpu-0 with a NIC under another root.
+        allocate(node, node.claim("holder", nic_under(FIRST_GPU_ROOT)))
+        constraints = [{"requests": [r for r, _ in requests], "matchAttribute": PCIE_ROOT}]
+    claim = node.claim(f"claim-{len(requests)}", exactly(*requests, constraints=constraints))
     pod = pod_using(claim)
     claim = allocate(node, claim, [pod])
     uid = claim["metadata"]["uid"]
+    assert sorted(r["request"] for r in results(claim)) == sorted(r for r, _ in requests)
+    roots = {pcie_root(node, r["device"]) for r in results(claim)}
+    assert len(roots) == 1 and None not in roots, roots
     pods = node.pod_claims()
     pods.prepare(pod)
     ids = pods.cdi_ids(pod, "c")

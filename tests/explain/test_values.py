@@ -47,3 +47,10 @@ def test_semver_normalize_accepts_short_forms():
         parse_semver("550.54")
     with pytest.raises(ValueParseError):
         parse_semver("01.2.3")
+
+
+@pytest.mark.parametrize("bad", ["1.2.3\n", "1\u0661.2.3", "1.2.3-rc.1\n"])
+def test_semver_is_matched_whole_and_ascii(bad):
+    # re.match with "$" accepted a trailing newline; \d without re.ASCII, any Unicode digit.
+    with pytest.raises(ValueParseError):
+        parse_semver(bad)

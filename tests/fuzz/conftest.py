@@ -26,10 +26,26 @@ from agent.common.metrics import Metrics
 from agent.plugin import PluginOptions, PluginServer
 from discovery.model import Inventory
 from protos.dra.v1 import api_pb2, api_pb2_grpc
+from tests.fuzz.report import REPORT, failed_fuzz_tests
 
 DRIVER = "dra-agent.io"
 NODE = "fuzz-node"
 SPEC_NAME = re.compile(r"k8s\.dra-agent\.io-claim_(?P<uid>[^/]+)\.json")
+#: FuzzNode.count kinds that are input cases (the others count outcomes of those cases).
+CASE_KINDS = ("claims", "opaque configs", "requests", "huge batch claims")
+MUTATION_TEST = "tests/fuzz/test_mutation.py::test_ten_thousand_mutated_inputs_break_no_parser"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line in every run that fuzzed: how many cases, how many failed, peak memory."""
+    if not REPORT.ran:
+        return
+    failed = [r.nodeid for key in ("failed", "error")
+              for r in terminalreporter.stats.get(key, [])
+              if getattr(r, "nodeid", "").startswith("tests/fuzz/")]
+    terminalreporter.write_sep("-", "fuzzing")
+    terminalreporter.write_line(REPORT.line(
+        failed_fuzz_tests(failed, MUTATION_TEST, REPORT.mutation_failures)))
 
 
 class FuzzClaims:
@@ -144,4 +160,4 @@ def fuzz_node() -> Iterator[FuzzNode]:
         channel.close()
         server.stop(0)
         shutil.rmtree(root, ignore_errors=True)
-        print(f"fuzz cases tried: {node.cases}")
+        REPORT.add_hypothesis({k: n for k, n in node.cases.items() if k in CASE_KINDS})

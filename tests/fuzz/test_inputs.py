@@ -42,6 +42,7 @@ from agent.kube.kubeconfig import load_kubeconfig
 from agent.prepare.cdispecs import CDIClaimSpecs, EnvOnlyEdits
 from tests.fuzz import strategies as fs
 from tests.fuzz.conftest import DRIVER, NODE
+from tests.fuzz.report import REPORT
 
 #: Cases per parser and run: hypothesis's generation, not the parsers, is what costs here.
 BUDGET = {
@@ -386,5 +387,4 @@ def test_fuzzed_kubeconfigs_load_or_refuse_without_secrets(
 def tally() -> Iterator[dict[str, int]]:
     counts = dict.fromkeys(BUDGET, 0)
     yield counts
-    parts = ", ".join(f"{what} {n}" for what, n in counts.items())
-    print(f"\nhypothesis: {sum(counts.values())} input cases ({parts})")
+    REPORT.add_hypothesis(counts)  # shown in the terminal summary (tests/fuzz/conftest.py)

@@ -15,6 +15,7 @@ import sys
 
 from tests.conftest import REPO
 from tests.fuzz.mutate import TARGETS
+from tests.fuzz.report import REPORT
 
 #: Together over the 10,000 cases per run the hardening issue asks for.
 CASES_PER_TARGET = 2_100
@@ -31,8 +32,7 @@ def test_ten_thousand_mutated_inputs_break_no_parser() -> None:
     )
     assert out.stdout, out.stderr[-2000:]
     summary = json.loads(out.stdout.splitlines()[-1])
-    print(f"\nmutation fuzz: {summary['total']} cases in {summary['seconds']} s "
-          f"(seed {summary['seed']}: {summary['cases']}); peak RSS {summary['peak_rss_mib']} MiB")
+    REPORT.add_mutation(summary)  # shown in the terminal summary (tests/fuzz/conftest.py)
     assert not summary["failures"], json.dumps(summary["failures"], indent=1)
     assert out.returncode == 0, out.stderr[-2000:]
     assert set(summary["cases"]) == set(TARGETS)

@@ -84,7 +84,8 @@ def test_the_corpus_covers_what_the_issue_lists() -> None:
                    "missing-token-file", "proxy-url-with-userinfo", "https-proxy-env",
                    "no-proxy-domain", "exec-plugin", "client-cert-data", "client-cert-files",
                    "client-key-without-cert", "unknown-fields-are-ignored",
-                   "current-context-not-set", "server-without-scheme"):
+                   "current-context-not-set", "server-without-scheme",
+                   "exec-plugin-with-proxy-userinfo", "exec-plugin-https-proxy-env"):
         assert wanted in names
 
 

@@ -62,7 +62,9 @@ class _Registration(reg_grpc.RegistrationServicer):
         with self.plugin.cond:
             self.plugin.statuses.append((request.plugin_registered, request.error))
             self.plugin.cond.notify_all()
-        if not request.plugin_registered:
+        if self.plugin.refuse_notices:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "not listening to the kubelet")
+        if not request.plugin_registered and not self.plugin.accept_failure_notices:
             # As the Go helper does: a refused registration is answered with an error status.
             context.abort(grpc.StatusCode.UNKNOWN, f"registration failed: {request.error}")
         return reg.RegistrationStatusResponse()
@@ -131,6 +133,11 @@ class FakePlugin:
         self.health_done = threading.Event()
         self.cond = threading.Condition()
         self.statuses: list[tuple[bool, str]] = []
+        #: Answer every NotifyRegistrationStatus with an error (a failed notify(true) too).
+        self.refuse_notices = False
+        #: Answer a failed registration's notice with OK, as our agent does (the Go helper
+        #: answers it with an error).
+        self.accept_failure_notices = False
         self.calls: list[tuple[str, str, Any, float | None]] = []
         self._reg_server: grpc.Server | None = None
         self._dra_server: grpc.Server | None = None

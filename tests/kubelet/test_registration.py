@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.kubelet import DriverNotRegisteredError, KubeletStandIn
+from tests.fakes.kubelet import (
+    HEALTH_SERVICES_135,
+    HEALTH_SERVICES_137,
+    DriverNotRegisteredError,
+    KubeletStandIn,
+    PluginCallError,
+)
 from tests.kubelet.plugin import FakePlugin
 
 MakePlugin = Callable[..., FakePlugin]
@@ -143,6 +149,40 @@ def test_endpoint_that_is_a_regular_file_rejected(
     assert "not an existing socket" in kubelet.wait_failed().error
 
 
+@pytest.mark.parametrize("endpoint", ["relative/dra.sock", "/nonexistent/dra.sock",
+                                      "/" + "x" * 120])
+def test_the_real_kubelet_registers_a_bad_endpoint_and_the_calls_fail(
+    root: Path, make_plugin: MakePlugin, endpoint: str
+) -> None:
+    """strict_registration=False plays the real ValidatePlugin/RegisterPlugin: only the
+    services are checked; an endpoint nobody listens on is registered and its calls fail."""
+    plugin = make_plugin(endpoint=endpoint)
+    with KubeletStandIn(root / "plugins_registry", poll_interval=0.02,
+                        strict_registration=False) as lax:
+        plugin.start()
+        got = lax.wait_registered("gpu.example.com")
+        assert got.endpoint == endpoint
+        assert plugin.statuses == [(True, "")]
+        # UNAVAILABLE (nobody there), or UNKNOWN where gRPC cannot make a channel at all (a
+        # path over 107 bytes); the kubelet's Go client fails the call likewise.
+        with pytest.raises(PluginCallError):
+            lax.unprepare("gpu.example.com", [], timeout=2)
+        assert lax.failures == []
+
+
+@pytest.mark.parametrize("name", ["", "Gpu.Example.com", "a b"])
+def test_the_real_kubelet_registers_any_driver_name(
+    root: Path, make_plugin: MakePlugin, name: str
+) -> None:
+    plugin = make_plugin(driver="gpu.example.com", reg_name="bad-reg.sock")
+    plugin.driver = name
+    with KubeletStandIn(root / "plugins_registry", poll_interval=0.02,
+                        strict_registration=False) as lax:
+        plugin.start()
+        assert lax.wait_registered(name).driver == name
+        assert plugin.statuses == [(True, "")]
+
+
 @pytest.mark.parametrize("name", ["", "Gpu.Example.com", "../x", "a b", "x" * 64])
 def test_invalid_driver_name_rejected(
     kubelet: KubeletStandIn, make_plugin: MakePlugin, name: str
@@ -153,20 +193,114 @@ def test_invalid_driver_name_rejected(
     assert "invalid driver name" in kubelet.wait_failed().error
 
 
-def test_same_endpoint_twice_fails_without_retry(
+def _same_endpoint(make_plugin: MakePlugin, first: FakePlugin) -> FakePlugin:
+    """A second registration socket advertising ``first``'s DRA socket."""
+    return make_plugin(reg_name="gpu.example.com-other-reg.sock", endpoint=str(first.dra_socket))
+
+
+def test_same_endpoint_twice_1_35_fails_without_retry(
+    root: Path, make_plugin: MakePlugin
+) -> None:
+    with KubeletStandIn(root / "plugins_registry", minor="1.35", poll_interval=0.02,
+                        retry_initial=0.05) as kubelet:
+        first = make_plugin().start()
+        kubelet.wait_registered("gpu.example.com")
+        second = _same_endpoint(make_plugin, first)
+        second.start_registration()  # shares the first plugin's DRA socket
+        failure = kubelet.wait_failed()
+        assert "already registered" in failure.error
+        assert failure.socket_path == second.reg_socket
+        assert second.wait_status() == [(False, failure.error)]
+        # Not retried by 1.35 itself (kubernetes issue 133725): one failure, one notice.
+        with pytest.raises(TimeoutError):
+            kubelet.wait_failed(timeout=0.3, since=1)
+        # Not even once the endpoint is free again: the socket must be re-created.
+        first.stop_registration()
+        kubelet.wait_deregistered("gpu.example.com")
+        with pytest.raises(TimeoutError):
+            kubelet.wait_registered("gpu.example.com", timeout=0.3, since=1)
+
+
+def test_same_endpoint_twice_1_37_is_retried_with_back_off(
     kubelet: KubeletStandIn, make_plugin: MakePlugin
 ) -> None:
+    """1.36+: the failed RegisterPlugin removes the plugin from actual state; the plugin (as
+    the Go helper does) answers the failure notice with an error, so the retry backs off."""
+    assert kubelet.minor == "1.37"
     first = make_plugin().start()
-    kubelet.wait_registered("gpu.example.com")
-    second = make_plugin(reg_name="gpu.example.com-other-reg.sock", endpoint=str(first.dra_socket))
-    second.start_registration()  # shares the first plugin's DRA socket
+    registered = kubelet.wait_registered("gpu.example.com")
+    second = _same_endpoint(make_plugin, first)
+    second.start_registration()
+    statuses = second.wait_status(3)
+    assert all(not ok and "already registered" in err for ok, err in statuses[:3])
+    assert all(f.socket_path == second.reg_socket for f in kubelet.failures)
+    # The first instance keeps its registration all along.
+    assert kubelet.registered("gpu.example.com") is registered
+    # Once the endpoint is free, the next retry registers the second socket.
+    mark = len(kubelet.registrations)
+    first.stop_registration()
+    kubelet.wait_deregistered("gpu.example.com")
+    got = kubelet.wait_registered("gpu.example.com", timeout=5, since=mark)
+    assert got.socket_path == second.reg_socket
+    assert second.wait_status(len(statuses) + 1)[-1] == (True, "")
+
+
+def test_same_endpoint_twice_1_37_retried_on_the_next_pass_when_the_notice_is_taken(
+    root: Path, make_plugin: MakePlugin
+) -> None:
+    """A plugin that takes the failure notice without error (our agent does): the operation
+    returned nil, so the reconciler starts it again on its next pass, without back-off."""
+    with KubeletStandIn(root / "plugins_registry", poll_interval=0.02,
+                        retry_initial=30) as kubelet:
+        first = make_plugin().start()
+        kubelet.wait_registered("gpu.example.com")
+        second = _same_endpoint(make_plugin, first)
+        second.accept_failure_notices = True
+        second.start_registration()
+        # Three notices well inside the 30 s first back-off: no back-off at all.
+        statuses = second.wait_status(3, timeout=3)
+        assert all(not ok and "already registered" in err for ok, err in statuses)
+
+
+def test_a_failed_notify_true_1_35_leaves_the_registration_standing(
+    root: Path, make_plugin: MakePlugin
+) -> None:
+    plugin = make_plugin()
+    plugin.refuse_notices = True
+    with KubeletStandIn(root / "plugins_registry", minor="1.35", poll_interval=0.02,
+                        retry_initial=0.05) as kubelet:
+        plugin.start()
+        got = kubelet.wait_registered("gpu.example.com")
+        assert plugin.wait_status() == [(True, "")]
+        assert kubelet.failures == []
+        assert kubelet.unprepare("gpu.example.com", []) == {}
+        with pytest.raises(AssertionError):
+            plugin.wait_status(2, timeout=0.3)  # told once, never again
+        assert kubelet.registered("gpu.example.com") is got
+
+
+def test_a_failed_notify_true_1_37_deregisters_and_retries_with_back_off(
+    kubelet: KubeletStandIn, make_plugin: MakePlugin
+) -> None:
+    plugin = make_plugin()
+    plugin.refuse_notices = True
+    plugin.start()
+    statuses = plugin.wait_status(3)
+    assert statuses[:3] == [(True, "")] * 3  # told, refused, deregistered, told again
     failure = kubelet.wait_failed()
-    assert "already registered" in failure.error
-    assert failure.socket_path == second.reg_socket
-    assert second.wait_status() == [(False, failure.error)]
-    # Not retried by the kubelet itself (kubernetes issue 133725): one failure, one notice.
-    with pytest.raises(TimeoutError):
-        kubelet.wait_failed(timeout=0.3, since=1)
+    assert "failed to send registration status" in failure.error and not failure.notified
+    assert kubelet.registrations == [] and kubelet.registered("gpu.example.com") is None
+    with pytest.raises(DriverNotRegisteredError):
+        kubelet.unprepare("gpu.example.com", [])
+    plugin.refuse_notices = False  # the plugin listens again: the next retry sticks
+    assert kubelet.wait_registered("gpu.example.com").socket_path == plugin.reg_socket
+
+
+def test_the_stand_in_plays_only_the_minors_it_knows(root: Path) -> None:
+    with pytest.raises(ValueError, match=r"1\.36"):
+        KubeletStandIn(root, minor="1.36")
+    assert KubeletStandIn(root, minor="1.35").known_health_services == HEALTH_SERVICES_135
+    assert KubeletStandIn(root).known_health_services == HEALTH_SERVICES_137
 
 
 def test_two_instances_of_a_driver_calls_go_to_the_newest(

@@ -18,6 +18,7 @@ import pytest
 
 from agent.common.config import ALL_DEVICE_TYPES, DEFAULT_DRIVER
 from discovery.model import PCIE_ROOT, Device, DeviceType, Version
+from discovery.sharing import parse_sharing, shareable
 from tests.conftest import REPO
 from tests.ops.openapi import load_documents
 
@@ -49,7 +50,7 @@ def _cel_device(api_device: dict[str, Any], driver: str) -> dict[str, Any]:
         "driver": driver,
         "attributes": attributes,
         "capacity": capacity,
-        "allowMultipleAllocations": False,
+        "allowMultipleAllocations": bool(api_device.get("allowMultipleAllocations")),
     }
 
 
@@ -70,8 +71,36 @@ def classes() -> dict[str, str]:
     return out
 
 
+def _shared(kind: DeviceType, name: str, mode: str) -> dict[str, Any]:
+    device = Device(name=name, type=kind, attributes={PCIE_ROOT: "pci0000:1a"},
+                    capacity={"memory": "80Gi"})
+    shared, why = shareable(device, parse_sharing(mode))
+    assert shared is not None, why
+    return shared.to_api()
+
+
 def test_one_class_per_device_type_named_after_the_driver(classes: dict[str, str]) -> None:
-    assert set(classes) == {f"{t}.{DEFAULT_DRIVER}" for t in ALL_DEVICE_TYPES}
+    assert set(classes) == {f"{t}.{DEFAULT_DRIVER}" for t in ALL_DEVICE_TYPES} | {
+        f"{t}-shared.{DEFAULT_DRIVER}" for t in ("gpu", "nic")}
+
+
+@pytest.mark.parametrize(("kind", "mode"), [(DeviceType.GPU, "gpu=shares:4"),
+                                            (DeviceType.GPU, "gpu=memory:10Gi"),
+                                            (DeviceType.NIC, "nic=shares:2")])
+def test_a_shareable_device_is_selected_by_its_shared_class_only(
+    classes: dict[str, str], kind: DeviceType, mode: str
+) -> None:
+    device = _cel_device(_shared(kind, f"{kind}-0", mode), DEFAULT_DRIVER)
+    chosen = [name for name, expression in classes.items()
+              if cel.evaluate(expression, {"device": device})]
+    assert chosen == [f"{kind}-shared.{DEFAULT_DRIVER}"]
+
+
+def test_shared_classes_leave_exclusive_devices_alone(classes: dict[str, str]) -> None:
+    for kind in ("gpu", "nic"):
+        device = _cel_device(_device(DeviceType(kind), f"{kind}-0"), DEFAULT_DRIVER)
+        assert cel.evaluate(classes[f"{kind}-shared.{DEFAULT_DRIVER}"],
+                            {"device": device}) is False
 
 
 def test_selectors_compile_and_use_only_the_device_variable(classes: dict[str, str]) -> None:

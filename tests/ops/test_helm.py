@@ -51,6 +51,7 @@ NON_DEFAULT: dict[str, Any] = {
               "pullPolicy": "Always"},
     "imagePullSecrets": [{"name": "registry"}],
     "deviceTypes": ["gpu", "nic"],
+    "sharing": ["gpu=shares:4", "nic=bandwidth:10G"],
     "simulate": "dgx-h100",
     "kubeletDir": "/var/lib/k0s/kubelet",
     "cdiDir": "/etc/cdi",
@@ -222,7 +223,7 @@ def test_without_a_namespace_object_by_default(helm: Path, tmp_path: Path) -> No
     kinds = sorted(o["kind"] for o in template(helm, tmp_path))
     assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet",
                             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
-                           + ["DeviceClass"] * 4)
+                           + ["DeviceClass"] * 6)
 
 
 def test_optional_objects_can_be_left_out(helm: Path, tmp_path: Path) -> None:
@@ -249,11 +250,20 @@ def test_driver_name_changes_every_place_together(helm: Path, tmp_path: Path) ->
     variables = {v["name"]: v["expression"] for v in vap["spec"]["variables"]}
     assert variables["driverName"] == f"'{name}'"
     classes = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DeviceClass"}
-    assert sorted(classes) == sorted(f"{t}.{name}" for t in ALL_DEVICE_TYPES)
+    assert sorted(classes) == sorted([f"{t}.{name}" for t in ALL_DEVICE_TYPES]
+                                     + [f"{t}-shared.{name}" for t in ("gpu", "nic")])
     for t in ALL_DEVICE_TYPES:
         (selector,) = classes[f"{t}.{name}"]["spec"]["selectors"]
+        exclusive = f" && !('sharing' in device.attributes['{name}'])" if t in ("gpu", "nic") \
+            else ""
         assert selector["cel"]["expression"] == (
-            f"device.driver == '{name}' && device.attributes['{name}'].type == '{t}'")
+            f"device.driver == '{name}' && device.attributes['{name}'].type == '{t}'"
+            + exclusive)
+    for t in ("gpu", "nic"):
+        (selector,) = classes[f"{t}-shared.{name}"]["spec"]["selectors"]
+        assert selector["cel"]["expression"] == (
+            f"device.driver == '{name}' && device.attributes['{name}'].type == '{t}' && "
+            f"'sharing' in device.attributes['{name}']")
     cfg = _agent_config(objects)
     assert cfg.driver_name == name
     _assert_mounted_where_the_agent_looks(objects, cfg)
@@ -304,6 +314,7 @@ def test_non_default_values_reach_the_agent(helm: Path, tmp_path: Path) -> None:
     assert cfg.kubelet_dir == Path("/var/lib/k0s/kubelet")
     assert cfg.cdi_dir == Path("/etc/cdi")
     assert cfg.device_types == ("gpu", "nic")
+    assert [str(m) for m in cfg.sharing] == ["gpu=shares:4", "nic=bandwidth:10G"]
     assert cfg.simulate == "dgx-h100"
     assert cfg.log_format == "json"
     _assert_mounted_where_the_agent_looks(objects, cfg)
@@ -353,6 +364,8 @@ def test_health_off_and_default_config(helm: Path, tmp_path: Path) -> None:
     ({"driverName": "Bad_Name"}, "driverName"),
     ({"driverName": "x' || true || '"}, "driverName"),  # no CEL through the policy's quotes
     ({"deviceTypes": ["gpu", "tpu"]}, "deviceTypes"),
+    ({"sharing": ["mig=shares:2"]}, "sharing"),
+    ({"sharing": ["gpu=shares:0"]}, "sharing"),
     ({"metrics": {"port": "9464"}}, "metrics"),
     ({"kubeletDir": "relative/dir"}, "kubeletDir"),
     ({"health": {"ignoreXids": "13;rm"}}, "health"),

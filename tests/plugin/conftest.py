@@ -121,6 +121,8 @@ class Node:
     metrics: Metrics
     server: PluginServer
     kubelet: KubeletStandIn
+    #: GPU-wide share settings (agent.prepare.enforce); None as on a node without nvidia-smi.
+    gpu_control: Any = None
 
     @property
     def cdi_dir(self) -> Path:
@@ -143,15 +145,18 @@ class Node:
         self.options = opts
         return PluginServer(
             opts, None, lambda: Inventory(devices=tuple(self.inventory)), NodeEdits(),
-            self.metrics, claim_source=self.book,
+            self.metrics, claim_source=self.book, gpu_control=self.gpu_control,
         )
 
     def restart(self, **changes: Any) -> None:
         """Stop the agent and start a new one (same dirs), as after a crash or upgrade."""
+        # Counted before the new socket exists: a registration that lands before the count
+        # would otherwise be waited for again, and never come.
+        since = len(self.kubelet.registrations)
         self.server.stop(0)
         self.server = self.new_server(**changes)
         self.server.start()
-        self.kubelet.wait_registered(DRIVER, since=len(self.kubelet.registrations))
+        self.kubelet.wait_registered(DRIVER, timeout=30, since=since)
 
 
 @pytest.fixture

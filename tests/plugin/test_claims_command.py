@@ -99,3 +99,21 @@ def test_claims_wide_prints_no_control_characters_from_the_checkpoint(node: Node
     code, out = run(node, "-o", "wide")
     assert code == 0 and len(out.strip().splitlines()) == 2
     assert "?]0;pwned??row" in out and "\x1b" not in out
+
+
+def test_claims_wide_names_each_share_and_what_it_holds(node: Node) -> None:
+    from discovery.sharing import parse_sharing, shareable
+
+    shared, _ = shareable(node.inventory[0], parse_sharing("gpu=shares:4"))
+    assert shared is not None
+    node.inventory[0] = shared
+    share = "00000000-0000-4000-8000-000000000001"
+    claim = node.book.put(make_claim("part", namespace="ml", results=[{
+        "request": "req", "driver": "dra-agent.io", "pool": "node-a", "device": "gpu-0",
+        "shareID": share, "consumedCapacity": {"shares": "2"}}]))
+    assert node.prepare(claim)[claim["metadata"]["uid"]].ok
+    code, out = run(node, "-o", "wide")
+    assert code == 0
+    header, row = [line.split() for line in out.strip().splitlines()]
+    assert header[9] == "SHARE"
+    assert row[5] == "gpu-0" and row[9:11] == [share, "shares=2"]

@@ -153,6 +153,11 @@ def test_admin_access_may_use_a_taken_device(node: Node) -> None:
 
 
 def test_shared_device_with_share_ids(node: Node) -> None:
+    from discovery.sharing import parse_sharing, shareable
+
+    shared, _ = shareable(node.inventory[-1], parse_sharing("nic=shares:2"))
+    assert shared is not None and shared.name == "nic-1"
+    node.inventory[-1] = shared
     claims = [
         node.book.put(make_claim(f"s{i}", results=[
             {"request": "req", "driver": DRIVER, "pool": NODE, "device": "nic-1",

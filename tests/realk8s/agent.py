@@ -67,11 +67,14 @@ def published(cluster: RealCluster, node: str) -> dict[str, dict[str, Any]]:
 
 def make_claim(cluster: RealCluster, name: str, requests: Sequence[tuple[str, str]],
                namespace: str = "default",
-               config: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+               config: Sequence[Mapping[str, Any]] = (),
+               constraints: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     spec: dict[str, Any] = {"devices": {"requests": [
         {"name": req, "exactly": {"deviceClassName": cls}} for req, cls in requests]}}
     if config:
         spec["devices"]["config"] = [dict(c) for c in config]
+    if constraints:
+        spec["devices"]["constraints"] = [dict(c) for c in constraints]
     return cluster.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                            "metadata": {"name": name, "namespace": namespace}, "spec": spec})
 
@@ -85,7 +88,10 @@ def scheduler_allocate(cluster: RealCluster, claims: Sequence[Mapping[str, Any]]
     listed = cluster.admin.request("GET", f"{RESOURCE}/v1/resourceclaims")
     listed.raise_for_status()
     uids = {c["metadata"]["uid"] for c in claims}
-    held = [{"driver": r["driver"], "pool": r["pool"], "device": r["device"]}
+    # A share also names its shareID and consumedCapacity, as the scheduler's claim tracker
+    # keeps them: the device stays allocatable for more shares until its capacity is used.
+    held = [{k: r[k] for k in ("driver", "pool", "device", "shareID", "consumedCapacity")
+             if k in r}
             for c in listed.json()["items"] if c["metadata"]["uid"] not in uids
             for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {})
             .get("results") or []]

@@ -58,8 +58,18 @@ class KubeletDRA:
         assert self.call("active", pods=list(pods)) == {}
 
     def registered(self, *drivers: str) -> dict[str, bool]:
+        """driver -> whether the DRA manager finds it (what a prepare for it would see)."""
         plugins: dict[str, bool] = self.call("plugins", drivers=list(drivers))["plugins"]
         return plugins
+
+    def plugins(self) -> list[dict[str, Any]]:
+        """Every plugin instance the kubelet holds registered: ``driver``, ``endpoint``,
+        ``service`` (the chosen DRA service) and ``connected``, by driver, each driver's in
+        registration order (calls go to the newest connected one)."""
+        answer = self.call("plugins")
+        assert "error" not in answer, answer
+        registered: list[dict[str, Any]] = answer["registered"]
+        return registered
 
     def health(self, pod: Mapping[str, Any]) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
         """container -> the allocatedResourcesStatus the kubelet would write for it, and the

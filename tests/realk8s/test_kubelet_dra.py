@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import DRIVER, GPU_CLASS, NIC_CLASS, AgentProcess, NodeDirs
+from tests.e2e.harness import DRIVER, GPU_CLASS, NIC_CLASS, PCIE_ROOT, AgentProcess, NodeDirs
+from tests.fakes.kubelet.scenarios import CDI_REPEATS_AFTER_RESTART, refused
 from tests.realk8s.agent import allocate, make_claim, revisions, wait_settled
 from tests.realk8s.cluster import RealCluster
 from tests.realk8s.conftest import StartAgent, StartKubelet
@@ -38,6 +39,31 @@ def inject(cdi_check: Path, dirs: NodeDirs, ids: list[str]) -> dict[str, Any]:
     assert out.returncode == 0, out.stdout + out.stderr
     doc: dict[str, Any] = json.loads(out.stdout)
     return doc
+
+
+#: gpu-0's PCIe root on the simulated dgx-h100 (a NIC shares it, nic-0000-18-00-0).
+FIRST_GPU_ROOT = "pci0000:15"
+
+
+def nic_under(cluster: RealCluster, name: str, root: str) -> dict[str, Any]:
+    """A claim for one NIC under PCIe root ``root``."""
+    expression = f'device.attributes["resource.kubernetes.io"].pcieRoot == "{root}"'
+    return cluster.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "nic", "exactly": {
+            "deviceClassName": NIC_CLASS, "selectors": [{"cel": {"expression": expression}}]}}]}}})
+
+
+def pcie_root(cluster: RealCluster, node: str, device: str) -> str | None:
+    """The device's resource.kubernetes.io/pcieRoot in the node's published slices."""
+    for item in cluster.slices(node):
+        for published in item["spec"].get("devices") or []:
+            if published["name"] == device:
+                value = (published.get("attributes") or {}).get(PCIE_ROOT) or {}
+                root: str | None = value.get("string")
+                return root
+    return None
 
 
 def agent_and_kubelet(cluster: RealCluster, node: str, start_agent: StartAgent,
@@ -68,13 +94,21 @@ def test_kubelet_prepares_restarts_and_unprepares(
     _, kubelet = agent_and_kubelet(cluster, node, start_agent, start_kubelet,
                                 None if identity == "node" else cluster.agent_kubeconfig(node))
 
+    # The pair under one PCIe root: the scheduler's allocator holds it to the constraint.
+    # The NIC beside gpu-0 is held first, so only the constraint keeps the allocator from
+    # pairing gpu-0 with a NIC under another root.
+    allocate(cluster, nic_under(cluster, f"holder-{identity}-{node}", FIRST_GPU_ROOT), node)
     claim = make_claim(cluster, f"pair-{identity}-{node}", [("gpu", GPU_CLASS),
-                                                             ("nic", NIC_CLASS)])
+                                                             ("nic", NIC_CLASS)],
+                       constraints=[{"requests": ["gpu", "nic"], "matchAttribute": PCIE_ROOT}])
     pod = pod_using(cluster, node, claim)
     claim = allocate(cluster, claim, node, pod=pod)
     pod = get_pod(cluster, pod)
     uid = claim["metadata"]["uid"]
     allocated = claim["status"]["allocation"]["devices"]["results"]
+    assert sorted(r["request"] for r in allocated) == ["gpu", "nic"]
+    roots = {pcie_root(cluster, node, r["device"]) for r in allocated}
+    assert len(roots) == 1 and None not in roots, roots
 
     kubelet.active([pod])
     assert kubelet.prepare(pod) == ""
@@ -94,7 +128,7 @@ def test_kubelet_prepares_restarts_and_unprepares(
     # (its claim cache appends the re-sent devices to the ones restored from its checkpoint;
     # runtimes inject a device once), 1.37 once.
     assert sorted(set(again)) == sorted(ids)
-    assert len(again) == (2 * len(ids) if minor == "1.35" else len(ids)), again
+    assert len(again) == CDI_REPEATS_AFTER_RESTART[minor] * len(ids), again
 
     assert kubelet.unprepare(pod) == ""
     assert dirs.cdi_files() == []
@@ -113,7 +147,7 @@ def test_kubelet_refuses_a_pod_the_claim_is_not_reserved_for(
     pod = get_pod(cluster, pod)
     kubelet.active([pod])
     error = kubelet.prepare(pod)
-    assert "is not allowed to use ResourceClaim" in error, error
+    assert refused("not reserved for the pod", error), error
     assert dirs.cdi_files() == []
 
 
@@ -296,7 +330,7 @@ def test_a_claim_from_a_template(
     kubelet.active([pod])
     # Before the controller has made the claim: the kubelet itself refuses, no plugin call.
     error = kubelet.prepare(pod)
-    assert "ResourceClaim not created yet" in error, error
+    assert refused("template claim not made yet", error), error
 
     claim = claim_from_template(cluster, pod, "gpus", template)
     name = claim["metadata"]["name"]
@@ -323,7 +357,7 @@ def test_a_claim_from_a_template(
     thief = get_pod(cluster, thief)
     kubelet.active([pod, thief])
     error = kubelet.prepare(thief)
-    assert "(pod is not owner)" in error.lower(), error  # 1.37: "Pod", 1.35: "pod"
+    assert refused("template claim of another pod", error), error
 
     kubelet.active([pod])
     assert kubelet.unprepare(pod) == ""
@@ -375,11 +409,20 @@ def test_a_rolling_update_moves_the_kubelet_to_the_new_instance(
         new.wait_http("/readyz")
         wait_for(lambda: calls_served(new) >= 4, timeout=30,
                  what="the kubelet calling the new instance")
+        # The kubelet holds both instances, each at its own socket in the driver's dir, the
+        # new one registered last (the one it calls).
+        both = [p for p in kubelet.plugins() if p["driver"] == DRIVER]
+        assert len(both) == 2 and both[0]["endpoint"] != both[1]["endpoint"], both
+        assert all(Path(p["endpoint"]).parent == dirs.plugin and p["connected"] and
+                   p["service"] == "v1.DRAPlugin" for p in both), both
         # From now on the kubelet calls only the newest instance.
         by_old, by_new = calls_served(old), calls_served(new)
         wait_for(lambda: calls_served(new) >= by_new + 4, timeout=20, what="more calls")
         assert calls_served(old) == by_old
         assert old.terminate() == 0
+        wait_for(lambda: [p["endpoint"] for p in kubelet.plugins()
+                          if p["driver"] == DRIVER] == [both[1]["endpoint"]], timeout=20,
+                 what="the kubelet dropping the old instance, keeping the new one")
         by_new = calls_served(new)
         wait_for(lambda: calls_served(new) >= by_new + 4, timeout=20,
                  what="calls after the old instance stopped")

@@ -31,6 +31,7 @@ from discovery.model import (
     Taint,
 )
 from discovery.pools import MAX_DEVICES, build_resources
+from discovery.sharing import parse_sharing_list
 from tests.e2e.harness import DRIVER
 from tests.realk8s.cluster import RealCluster, status_text
 
@@ -58,12 +59,32 @@ def check(cluster: RealCluster, node: str, objects: list[dict[str, Any]]) -> lis
     return gates
 
 
-def simulated(profile: str, node: str) -> list[dict[str, Any]]:
-    inventory = run_discovery(Config(simulate=profile, node_name=node))
+def simulated(profile: str, node: str, sharing: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    inventory = run_discovery(Config(simulate=profile, node_name=node,
+                                     sharing=parse_sharing_list(sharing)))
     return render_slices(DRIVER, Owner(name=node), build_resources(inventory, node))
 
 
-@pytest.mark.parametrize("profile", ["dgx-h100", "dgx-a100-mig", "sriov-nic", "empty"])
+@pytest.mark.parametrize(("profile", "sharing"), [
+    ("dgx-h100", ("gpu=shares:8", "nic=bandwidth:50G")),
+    ("dgx-h100", ("gpu=memory:10Gi", "nic=shares:4")),
+    ("sriov-nic", ("nic=bandwidth",)),
+    ("amd-mi300x", ("gpu=memory:16Gi", "nic=shares:2")),
+    ("amd-mi300x", ("gpu=shares:1024",)),
+])
+def test_every_sharing_mode_is_accepted_or_named(
+    cluster: RealCluster, node: str, minor: str, profile: str, sharing: tuple[str, ...]
+) -> None:
+    """Shareable devices (KEP-5075): 1.37 keeps them whole; on 1.35 DRAConsumableCapacity is
+    alpha and off, and the agent's dropped-field check names that gate and only it."""
+    objects = simulated(profile, node, sharing)
+    assert any(d.get("allowMultipleAllocations") for o in objects for d in o["spec"]["devices"])
+    assert set(check(cluster, node, objects)) == (
+        set() if minor == "1.37" else {"DRAConsumableCapacity"})
+
+
+@pytest.mark.parametrize("profile", ["dgx-h100", "dgx-a100-mig", "sriov-nic", "amd-mi300x",
+                                     "empty"])
 def test_every_simulated_profile_is_accepted(
     cluster: RealCluster, node: str, profile: str
 ) -> None:

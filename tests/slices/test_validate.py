@@ -178,3 +178,34 @@ def test_numa_node_list_form_counts_its_values_and_lowers_the_slice_limit() -> N
     assert problems(one(listed[:64])) == []
     empty = device(0, attributes={"resource.kubernetes.io/numaNode": {"ints": []}})
     assert [p.message for p in problems(one([empty]))] == ["ints must not be empty"]
+
+
+@pytest.mark.parametrize(
+    ("key", "attr"),
+    [
+        ("gpu\n", {"int": 1}),  # a C identifier with a trailing newline
+        ("x", {"version": "1.2.3\n"}),
+        ("x", {"version": "1\u0661.2.3"}),  # an Arabic-Indic digit: \d without re.ASCII
+        ("x", {"versions": ["1.0.0", "2.0.0\n"]}),
+    ],
+    ids=["identifier", "version", "unicode-digit", "version-list"],
+)
+def test_a_trailing_newline_is_not_a_match(key: str, attr: dict[str, Any]) -> None:
+    """Each pattern is matched whole: re.match with "$" accepted the value plus one "\\n"."""
+    dev = device(0)
+    dev["attributes"][key] = attr
+    assert fields(one([dev])) == [f"spec.devices[0].attributes[{key!r}]"]
+
+
+@pytest.mark.parametrize(
+    ("taint", "field"),
+    [
+        ({"key": "example.com/unhealthy\n", "effect": "NoSchedule"}, "key"),
+        ({"key": "example.com/unhealthy", "value": "yes\n", "effect": "NoSchedule"}, "value"),
+    ],
+)
+def test_taint_label_names_with_a_trailing_newline_are_refused(
+    taint: dict[str, str], field: str
+) -> None:
+    dev = device(0, taints=[taint])
+    assert fields(one([dev])) == [f"spec.devices[0].taints[0].{field}"]

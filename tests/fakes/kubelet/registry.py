@@ -7,10 +7,16 @@ scan instead of using inotify; a short poll interval gives the same state machin
 - a socket that appears, or is re-created (new inode/mtime), is registered (again); a chmod
   (ctime only) is not a new socket, as the kubelet reacts to create events only;
 - a socket that disappears or changes is deregistered first;
-- validation failures (wrong type, bad name or endpoint, no known service) are notified to the
-  plugin and retried with exponential back-off (0.5 s doubling to 2m2s);
-- a failure after validation ("endpoint already registered") is notified but never retried
-  until the socket is re-created, as in the kubelet (kubernetes issue 133725).
+- validation failures (wrong type, no known service; with ``strict_registration`` also a bad
+  name or endpoint) are notified to the plugin and retried with exponential back-off (0.5 s
+  doubling to 2m2s);
+- a failure after validation ("endpoint already registered", the DRA handler's
+  RegisterPlugin) depends on the minor played (``minor``): 1.35 notifies it and never retries
+  until the socket is re-created (kubernetes issue 133725); 1.36+ removes the plugin from its
+  actual state first, so the reconciler tries again: on its next pass when the plugin took the
+  notice, with back-off when NotifyRegistrationStatus failed;
+- a failed NotifyRegistrationStatus(true): 1.35 only logs it (the registration stands); 1.36+
+  deregisters the plugin again and retries with back-off.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import grpc
 
@@ -45,6 +51,8 @@ UNIX_PATH_MAX = 108  # sun_path, including the terminating NUL
 # v1alpha1 (HEALTH_SERVICES_135 makes the stand-in do the same).
 HEALTH_SERVICES_137 = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 HEALTH_SERVICES_135 = ("v1alpha1.DRAResourceHealth",)
+#: The kubelet minors the stand-in can play (``minor``), and each one's health services.
+MINORS = {"1.37": HEALTH_SERVICES_137, "1.35": HEALTH_SERVICES_135}
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -73,12 +81,19 @@ class _Retry:
     backoff: float
 
 
-class _RejectedError(Exception):
-    """Registration refused; ``retry`` says whether the kubelet would try again by itself."""
+#: What the kubelet does after a failed registration attempt: try again after the back-off
+#: (the operation returned an error), on the reconciler's next pass with the back-off reset
+#: (it returned nil, yet the plugin is not in actual state), or not until the socket changes.
+Then = Literal["back-off", "next pass", "never"]
 
-    def __init__(self, message: str, *, retry: bool) -> None:
+
+class _RejectedError(Exception):
+    """Registration refused; ``then`` says what the kubelet does about it by itself."""
+
+    def __init__(self, message: str, *, then: Then = "back-off", notified: bool = True) -> None:
         super().__init__(message)
-        self.retry = retry
+        self.then: Then = then
+        self.notified = notified
 
 
 @dataclass(slots=True)
@@ -98,15 +113,26 @@ class PluginWatcher:
         self,
         registry_dir: Path,
         *,
+        minor: str = "1.37",
         known_services: Sequence[str] = ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
-        known_health_services: Sequence[str] = HEALTH_SERVICES_137,
+        known_health_services: Sequence[str] | None = None,
         poll_interval: float = 0.05,
         retry_initial: float = RETRY_INITIAL,
         dial_timeout: float = DIAL_TIMEOUT,
+        strict_registration: bool = True,
     ) -> None:
+        """``minor``: the kubelet played, "1.37" or "1.35" (its registration retries and, unless
+        ``known_health_services`` says otherwise, its health services). ``strict_registration``
+        (default on) also refuses what the real kubelet registers and then cannot call: a driver
+        name that is no DNS subdomain, an endpoint that is relative, too long or no socket."""
+        if minor not in MINORS:
+            raise ValueError(f"the stand-in plays kubelet {' or '.join(MINORS)}, not {minor!r}")
         self.registry_dir = Path(registry_dir)
+        self.minor = minor
         self.known_services = tuple(known_services)
-        self.known_health_services = tuple(known_health_services)
+        self.known_health_services = tuple(
+            MINORS[minor] if known_health_services is None else known_health_services)
+        self.strict_registration = strict_registration
         self.poll_interval = poll_interval
         self.retry_initial = retry_initial
         self.dial_timeout = dial_timeout
@@ -240,8 +266,9 @@ class PluginWatcher:
                 return None
             active = self._state.active[registration.socket_path]
             if active.channel is None:
-                # One connection per registered instance, kept until it deregisters.
-                active.channel = grpc.insecure_channel(f"unix://{registration.endpoint}")
+                # One connection per registered instance, kept until it deregisters; the
+                # kubelet's target is "unix:" + endpoint (a relative endpoint stays relative).
+                active.channel = grpc.insecure_channel(f"unix:{registration.endpoint}")
             return registration, active.channel
 
     # --- the watcher ----------------------------------------------------------------------
@@ -319,14 +346,14 @@ class PluginWatcher:
 
     def _attempt(self, path: Path, identity: Identity) -> None:
         failure: RegistrationFailure | None = None
-        retry = True
+        then: Then = "back-off"
         # The socket file appears at bind(), a moment before the plugin listens; short
         # reconnect back-off keeps a refused first connect from costing gRPC's default 1 s.
         channel = grpc.insecure_channel(f"unix://{path}", options=_FAST_RECONNECT)
         try:
             self._register(channel, path, identity)
         except _RejectedError as err:
-            failure, retry = RegistrationFailure(path, str(err), notified=True), err.retry
+            failure, then = RegistrationFailure(path, str(err), notified=err.notified), err.then
         except Exception as err:  # dial or GetInfo failed: there was nobody to notify
             failure = RegistrationFailure(path, f"{type(err).__name__}: {err}", notified=False)
         with self._cond:
@@ -336,12 +363,16 @@ class PluginWatcher:
                 st.failures.append(failure)
                 log.info(
                     "plugin registration failed",
-                    extra={"socket": str(path), "error": failure.error},
+                    extra={"socket": str(path), "error": failure.error, "then": then},
                 )
-                if retry:
+                if then == "back-off":
                     prev = st.retry.get(path)
                     backoff = min(prev.backoff * 2, RETRY_MAX) if prev else self.retry_initial
                     st.retry[path] = _Retry(identity, time.monotonic() + backoff, backoff)
+                elif then == "next pass":
+                    # The operation succeeded as far as the kubelet's goroutine map knows: its
+                    # back-off entry is dropped, the next pass starts it again.
+                    st.retry.pop(path, None)
                 else:
                     st.active[path] = _Active(identity, None)
             self._cond.notify_all()
@@ -349,17 +380,42 @@ class PluginWatcher:
         # visible to waiting tests as soon as the plugin has been told.
         channel.close()
 
+    @property
+    def _deregisters_on_failure(self) -> bool:
+        """1.36+ (operation_generator.go): a failed RegisterPlugin or notify(true) removes the
+        plugin from actual state (and deregisters it after a failed notify), so it is retried."""
+        return self.minor != "1.35"
+
     def _register(self, channel: grpc.Channel, path: Path, identity: Identity) -> None:
         grpc.channel_ready_future(channel).result(timeout=self.dial_timeout)
         stub = reg_grpc.RegistrationStub(channel)
         info = stub.GetInfo(reg.InfoRequest(), timeout=GET_INFO_TIMEOUT)
         try:
             registration = self._validate(path, info)
-            self._add(path, identity, registration)
         except _RejectedError as err:
+            # Type or ValidatePlugin: an error either way, retried after the back-off.
             self._notify(stub, False, str(err))
             raise
-        self._notify(stub, True, "")
+        try:
+            self._add(path, identity, registration)
+        except _RejectedError as err:
+            told = self._notify(stub, False, str(err))
+            if not self._deregisters_on_failure:
+                # 1.35: the plugin stays in actual state with no registration behind it.
+                err.then = "never"
+            elif told:
+                # 1.36+: RemovePlugin, then the operation returns the notify's nil.
+                err.then = "next pass"
+            raise
+        if not self._notify(stub, True, "") and self._deregisters_on_failure:
+            with self._cond:
+                dropped = self._drop(path, registration)
+            if dropped is not None:
+                dropped.close()
+            raise _RejectedError(
+                f"failed to send registration status at socket {path}; deregistered",
+                notified=False,
+            )
         with self._cond:
             # Published only once the plugin has been told, so a test that waits for the
             # registration can rely on the plugin knowing about it.
@@ -371,7 +427,7 @@ class PluginWatcher:
         """The DRA handler's RegisterPlugin: one instance per (driver, endpoint)."""
         with self._cond:
             if self._stop.is_set():
-                raise _RejectedError("kubelet is stopping", retry=True)
+                raise _RejectedError("kubelet is stopping")
             for other in self._state.active.values():
                 r = other.registration
                 if r is not None and (r.driver, r.endpoint) == (
@@ -379,49 +435,71 @@ class PluginWatcher:
                     registration.endpoint,
                 ):
                     raise _RejectedError(
-                        f"endpoint {r.endpoint} already registered for {r.driver}", retry=False
+                        f"endpoint {r.endpoint} already registered for {r.driver}"
                     )
             self._state.active[path] = _Active(identity, registration)
+
+    def _drop(self, path: Path, registration: Registration) -> grpc.Channel | None:
+        """1.36+ after a failed notify(true): RemovePlugin and DeRegisterPlugin. The instance
+        was never published in ``registrations``, so it is no deregistration either. Returns
+        the channel a call may have opened meanwhile, for the caller to close unlocked."""
+        active = self._state.active.get(path)
+        if active is None or active.registration is not registration:
+            return None
+        del self._state.active[path]
+        self._cond.notify_all()
+        return active.channel
 
     def _validate(self, path: Path, info: Any) -> Registration:
         if info.type != DRA_PLUGIN_TYPE:
             raise _RejectedError(
-                f"no handler registered for plugin type: {info.type} at socket {path}", retry=True
+                f"no handler registered for plugin type: {info.type} at socket {path}"
             )
         name = info.name
-        if not name or len(name) > 63 or not _DNS_SUBDOMAIN.fullmatch(name):
-            raise _RejectedError(f"invalid driver name {name!r}: not a DNS subdomain", retry=True)
         # An empty endpoint means the registration socket serves the DRA services too.
         endpoint = info.endpoint or str(path)
-        if not endpoint.startswith("/"):
-            raise _RejectedError(f"endpoint {endpoint!r} is not an absolute path", retry=True)
-        if len(endpoint.encode()) >= UNIX_PATH_MAX:
-            raise _RejectedError(f"endpoint {endpoint!r} is too long for a socket", retry=True)
-        try:
-            is_socket = stat.S_ISSOCK(Path(endpoint).stat().st_mode)
-        except OSError:
-            is_socket = False
-        if not is_socket:
-            raise _RejectedError(f"endpoint {endpoint} is not an existing socket", retry=True)
+        if self.strict_registration:
+            self._strict_checks(name, endpoint)
         versions = tuple(info.supported_versions)
         # 1.34+: the plugin's order decides; the first entry this kubelet knows wins.
         service = next((v for v in versions if v in self.known_services), None)
         if service is None:
             raise _RejectedError(
                 f"none of the supported versions {list(versions)} is known; "
-                f"this kubelet supports {list(self.known_services)}",
-                retry=True,
+                f"this kubelet supports {list(self.known_services)}"
             )
         # 1.37 (pickHealthService): the kubelet's order decides, not the plugin's; the health
         # service is optional, so no match is no stream rather than a refusal.
         health = next((h for h in self.known_health_services if h in versions), "")
         return Registration(name, endpoint, service, path, versions, health)
 
-    def _notify(self, stub: Any, ok: bool, error: str) -> None:
+    @staticmethod
+    def _strict_checks(name: str, endpoint: str) -> None:
+        """The stand-in's own checks (``strict_registration``; README.md): the real
+        ValidatePlugin and RegisterPlugin look at the supported services only, register any
+        name and endpoint, and the calls to an endpoint nobody listens on fail later."""
+        if not name or len(name) > 63 or not _DNS_SUBDOMAIN.fullmatch(name):
+            raise _RejectedError(f"invalid driver name {name!r}: not a DNS subdomain")
+        if not endpoint.startswith("/"):
+            raise _RejectedError(f"endpoint {endpoint!r} is not an absolute path")
+        if len(endpoint.encode()) >= UNIX_PATH_MAX:
+            raise _RejectedError(f"endpoint {endpoint!r} is too long for a socket")
+        try:
+            is_socket = stat.S_ISSOCK(Path(endpoint).stat().st_mode)
+        except OSError:
+            is_socket = False
+        if not is_socket:
+            raise _RejectedError(f"endpoint {endpoint} is not an existing socket")
+
+    def _notify(self, stub: Any, ok: bool, error: str) -> bool:
+        """NotifyRegistrationStatus; whether the plugin answered without an error."""
         try:
             stub.NotifyRegistrationStatus(
                 reg.RegistrationStatus(plugin_registered=ok, error=error), timeout=NOTIFY_TIMEOUT
             )
         except grpc.RpcError as err:
-            # Plugins answer a failed registration with an error status; the kubelet only logs.
+            # The Go helper answers a failed registration with an error status (our agent
+            # does not); what the kubelet makes of an error depends on the minor (_register).
             log.info("NotifyRegistrationStatus answered with an error", extra={"error": str(err)})
+            return False
+        return True

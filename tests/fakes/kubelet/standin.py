@@ -22,7 +22,6 @@ from protos.drahealth.v1alpha1 import api_pb2 as health
 from protos.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from tests.fakes.kubelet.registry import (
     DIAL_TIMEOUT,
-    HEALTH_SERVICES_137,
     RETRY_INITIAL,
     PluginWatcher,
 )
@@ -75,35 +74,40 @@ class KubeletStandIn(PluginWatcher):
 
     ``strict_devices`` (default on) also rejects prepared devices without request names or CDI
     IDs. A real kubelet accepts both (empty request names mean "all requests"), but our driver
-    always sends them, so their absence is a bug worth failing on.
+    always sends them, so their absence is a bug worth failing on. ``minor`` and
+    ``strict_registration``: see :class:`PluginWatcher`.
     """
 
     def __init__(
         self,
         registry_dir: Path,
         *,
+        minor: str = "1.37",
         known_services: Sequence[str] = ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
-        known_health_services: Sequence[str] = HEALTH_SERVICES_137,
+        known_health_services: Sequence[str] | None = None,
         api_client: Any | None = None,
         node_name: str | None = None,
         poll_interval: float = 0.05,
         retry_initial: float = RETRY_INITIAL,
         dial_timeout: float = DIAL_TIMEOUT,
         strict_devices: bool = True,
+        strict_registration: bool = True,
     ) -> None:
         unknown = [s for s in known_services if s not in SERVICES]
         if unknown:
             raise ValueError(f"the stand-in cannot speak {unknown}; it knows {list(SERVICES)}")
-        unknown = [s for s in known_health_services if s not in HEALTH]
+        unknown = [s for s in known_health_services or () if s not in HEALTH]
         if unknown:
             raise ValueError(f"the stand-in cannot open {unknown}; it knows {list(HEALTH)}")
         super().__init__(
             registry_dir,
+            minor=minor,
             known_services=known_services,
             known_health_services=known_health_services,
             poll_interval=poll_interval,
             retry_initial=retry_initial,
             dial_timeout=dial_timeout,
+            strict_registration=strict_registration,
         )
         self.api_client = api_client
         self.node_name = node_name

@@ -32,7 +32,9 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/dynamic-resource-allocation/cel"
@@ -52,10 +54,15 @@ type input struct {
 	AllocatedDevices []deviceID                   `json:"allocatedDevices"`
 }
 
+// deviceID is one device another claim holds; a share of a device also names its shareID
+// and consumedCapacity, which the scheduler's claim tracker adds to the allocated state (the
+// device stays allocatable for further shares until its capacity is used up).
 type deviceID struct {
-	Driver string `json:"driver"`
-	Pool   string `json:"pool"`
-	Device string `json:"device"`
+	Driver           string                                          `json:"driver"`
+	Pool             string                                          `json:"pool"`
+	Device           string                                          `json:"device"`
+	ShareID          *types.UID                                      `json:"shareID,omitempty"`
+	ConsumedCapacity map[resourceapi.QualifiedName]resource.Quantity `json:"consumedCapacity,omitempty"`
 }
 
 type output struct {
@@ -157,13 +164,24 @@ func run(r io.Reader, timeout time.Duration) (output, error) {
 	}
 	fts := feature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate)
 	allocated := sets.New[structured.DeviceID]()
+	shared := sets.New[structured.SharedDeviceID]()
+	capacity := structured.NewConsumedCapacityCollection()
 	for _, d := range in.AllocatedDevices {
-		allocated.Insert(structured.MakeDeviceID(d.Driver, d.Pool, d.Device))
+		id := structured.MakeDeviceID(d.Driver, d.Pool, d.Device)
+		switch {
+		case d.ShareID == nil:
+			allocated.Insert(id)
+		case fts.EnableDRAConsumableCapacity:
+			shared.Insert(structured.MakeSharedDeviceID(id, d.ShareID))
+			capacity.Insert(structured.NewDeviceConsumedCapacity(id, d.ConsumedCapacity))
+		default: // the gate off: the scheduler counts a share as the whole device
+			allocated.Insert(id)
+		}
 	}
 	state := structured.AllocatedState{
 		AllocatedDevices:         allocated,
-		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
-		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
+		AllocatedSharedDeviceIDs: shared,
+		AggregatedCapacity:       capacity,
 	}
 	ctx := context.Background()
 	if timeout > 0 {

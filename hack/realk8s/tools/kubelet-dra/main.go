@@ -10,10 +10,16 @@
 //	{"op":"unprepare","pod":POD}                  -> {} or {"error":"..."}
 //	{"op":"active","pods":[POD,...]}              -> {} (what the reconcile loop sees running;
 //	                                                 it unprepares nothing before the first)
+//	{"op":"plugins"}                              -> {"registered":[{"driver":NAME,"endpoint":PATH,
+//	                                                  "service":"v1.DRAPlugin","connected":BOOL},...]}
 //	{"op":"plugins","drivers":[NAME,...]}         -> {"plugins":{"NAME":true|false}}
 //	{"op":"health","pod":POD}                     -> {"health":{"CONTAINER":[ResourceStatus,...]},
 //	                                                  "notified":["POD UID",...]}
 //
+// "plugins" without drivers lists every instance the DRA plugin manager holds (the kubelet's
+// own view: a refused or deregistered instance is absent), sorted by driver, each driver's in
+// registration order (the kubelet calls the newest connected one); with drivers it says
+// whether GetPlugin finds each (what a prepare for that driver would see).
 // "health" is what the kubelet writes into each container's status.allocatedResourcesStatus
 // (the manager's UpdateAllocatedResourcesStatus over the health its WatchResources streams
 // reported; needs --feature-gates=ResourceHealthStatus=true where that is not the default),
@@ -33,8 +39,10 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -60,10 +68,19 @@ type request struct {
 	Drivers   []string  `json:"drivers,omitempty"`
 }
 
+// instance is one registered plugin instance, as the DRA plugin manager holds it.
+type instance struct {
+	Driver    string `json:"driver"`
+	Endpoint  string `json:"endpoint"`
+	Service   string `json:"service"`
+	Connected bool   `json:"connected"`
+}
+
 type answer struct {
 	Error      string                         `json:"error,omitempty"`
 	CDIDevices []string                       `json:"cdiDevices,omitempty"`
 	Plugins    map[string]bool                `json:"plugins,omitempty"`
+	Registered *[]instance                    `json:"registered,omitempty"`
 	Health     map[string][]v1.ResourceStatus `json:"health,omitempty"`
 	Notified   []string                       `json:"notified,omitempty"`
 }
@@ -269,6 +286,13 @@ func (h *harness) handle(ctx context.Context, req request) answer {
 		if !ok {
 			return answer{Error: "the DRA manager's plugin handler is not a DRAPluginManager"}
 		}
+		if req.Drivers == nil {
+			registered, err := instances(plugins)
+			if err != nil {
+				return answer{Error: err.Error()}
+			}
+			return answer{Registered: &registered}
+		}
 		found := map[string]bool{}
 		for _, name := range req.Drivers {
 			_, err := plugins.GetPlugin(name)
@@ -302,4 +326,43 @@ func (h *harness) handle(ctx context.Context, req request) answer {
 		return answer{Error: fmt.Sprintf("unknown op %q", req.Op)}
 	}
 	return answer{}
+}
+
+// instances reads the DRA plugin manager's store under its own lock. The store is unexported
+// (no accessor lists it in 1.35 or 1.37), so its fields are read by reflection: the same
+// layout in both (mutex sync.RWMutex; store map[driver][]*monitoredPlugin, each embedding
+// *DRAPlugin with endpoint and chosenService, and its own connected flag). A layout that
+// differs is an error, never a guess.
+func instances(pm *draplugin.DRAPluginManager) ([]instance, error) {
+	v := reflect.ValueOf(pm).Elem()
+	mutex, store := v.FieldByName("mutex"), v.FieldByName("store")
+	if !mutex.IsValid() || mutex.Type() != reflect.TypeOf(sync.RWMutex{}) ||
+		!store.IsValid() || store.Kind() != reflect.Map {
+		return nil, errors.New("the DRAPluginManager's layout is not the one this harness reads")
+	}
+	lock := (*sync.RWMutex)(unsafe.Pointer(mutex.UnsafeAddr()))
+	lock.RLock()
+	defer lock.RUnlock()
+	out := []instance{}
+	for it := store.MapRange(); it.Next(); {
+		plugins := it.Value()
+		for i := 0; i < plugins.Len(); i++ {
+			mp := plugins.Index(i).Elem()
+			p := mp.FieldByName("DRAPlugin")
+			connected := mp.FieldByName("connected")
+			if p.Kind() != reflect.Pointer || connected.Kind() != reflect.Bool {
+				return nil, errors.New("a monitoredPlugin's layout is not the one this harness reads")
+			}
+			p = p.Elem()
+			endpoint, service := p.FieldByName("endpoint"), p.FieldByName("chosenService")
+			if endpoint.Kind() != reflect.String || service.Kind() != reflect.String {
+				return nil, errors.New("a DRAPlugin's layout is not the one this harness reads")
+			}
+			out = append(out, instance{Driver: it.Key().String(), Endpoint: endpoint.String(),
+				Service: service.String(), Connected: connected.Bool()})
+		}
+	}
+	// Map order is random; within a driver the slice is registration order.
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Driver < out[j].Driver })
+	return out, nil
 }
