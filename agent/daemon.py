@@ -97,6 +97,10 @@ class PollOnlyEvents:
         """Nothing to release."""
 
 
+#: ``--simulate`` with ``--mig dynamic``: where the simulated GPUs keep their MIG instances.
+SIMULATED_MIG_STATE = "simulated-mig-instances.json"
+
+
 class Daemon:
     """One running agent. ``run()`` blocks until ``request_stop()`` or a fatal error."""
 
@@ -175,7 +179,13 @@ class Daemon:
         if self.cfg.simulate:
             tmp = scratch_dir()
             self._cleanups.append(tmp.cleanup)
-            return simulated_sources(self.cfg.simulate, Path(tmp.name))
+            # The simulated GPUs' MIG instances live beside the checkpoint, as a real GPU's
+            # outlive the agent: a restarted agent meets the instances it made.
+            state = self.cfg.plugin_dir / SIMULATED_MIG_STATE if self.cfg.mig == "dynamic" \
+                else None
+            if state is not None:
+                state.parent.mkdir(parents=True, exist_ok=True)
+            return simulated_sources(self.cfg.simulate, Path(tmp.name), mig_state=state)
         wants_nvml = bool({"gpu", "mig"} & set(self.cfg.device_types))
         return host_sources(sysfs_root=self.cfg.sysfs_root, nvml=wants_nvml)
 
@@ -217,7 +227,7 @@ class Daemon:
         sources = self.sources = self._sources()
         discovery_options = DiscoveryOptions(
             device_types=cfg.device_types, node_addresses=self.options.node_addresses,
-            sharing=cfg.sharing,
+            sharing=cfg.sharing, mig=cfg.mig, mig_owned=self._mig_owned, vfs=cfg.vfs,
         )
         started = time.perf_counter()
         inventory = discover(sources, discovery_options)
@@ -315,6 +325,39 @@ class Daemon:
     def _health_changed(self, _health: Mapping[str, Any]) -> None:
         self._publish(self.inventory)
 
+    def _mig_owned(self) -> frozenset[tuple[str, int, int]]:
+        """The MIG instances our checkpoint names (--mig dynamic): the plugin's records once it
+        runs; before, a look at the checkpoint file, so the first publish already knows."""
+        from agent.checkpoint.store import CheckpointStore
+        from agent.prepare.partitions import owned_instances
+
+        if self.plugin is not None:
+            return owned_instances(self.plugin.checkpoint.claims())
+        if not self.cfg.checkpoint_path.is_file():
+            return frozenset()
+        return owned_instances(CheckpointStore(self.cfg.checkpoint_path).claims())
+
+    def _vf_provisioner(self) -> Any:
+        """--vfs dynamic: makes VFs through the sources' control (the kernel's sysfs, or the
+        simulated one), and reads them back with a rescan it also publishes."""
+        from agent.prepare.vfs import VfProvisioner
+        from discovery.scan import DiscoveryOptions, discover
+        from discovery.vfs import SysfsSriov
+
+        sources = self.sources
+        assert sources is not None
+        options = DiscoveryOptions(
+            device_types=self.cfg.device_types, node_addresses=self.options.node_addresses,
+            mig=self.cfg.mig, mig_owned=self._mig_owned, vfs=self.cfg.vfs,
+        )
+
+        def rescan() -> Inventory:
+            inventory = discover(sources, options)
+            self._publish(inventory)
+            return inventory
+
+        return VfProvisioner(sources.sriov or SysfsSriov(sources.sysfs_root), rescan)
+
     def _start_plugin(self, api_client: Any) -> None:
         from agent.common.failpoints import FailpointConfigError, Failpoints
         from agent.plugin import AlreadyRunningError, PluginOptions, PluginServer, SocketError
@@ -345,10 +388,17 @@ class Daemon:
             failpoints = Failpoints.from_env(self.environ)
         except FailpointConfigError as err:
             raise DaemonError(str(err)) from err
+        partitions = None
+        if cfg.mig == "dynamic" and self.sources is not None and self.sources.gpu is not None:
+            from agent.prepare.partitions import MigPartitions
+
+            partitions = MigPartitions(self.sources.gpu, failpoints)
+        vfs = self._vf_provisioner() if cfg.vfs == "dynamic" else None
         self.plugin = PluginServer(
             options, api_client, lambda: self.inventory, edits, self.metrics, health_servicer,
             claim_source=None if api_client is not None else NoAPIClaimSource(),
-            failpoints=failpoints, gpu_control=self._gpu_control(),
+            failpoints=failpoints, gpu_control=self._gpu_control(), partitions=partitions,
+            vfs=vfs,
         )
         try:
             self.plugin.start()

@@ -4,6 +4,7 @@ semver normalisation and the API limits every device must fit.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Mapping
@@ -133,4 +134,4 @@ def fit_limits(device: Device) -> Device:
                         extra={"device": device.name, "attribute": key, "kept": keep})
     if attrs == dict(device.attributes):
         return device
-    return Device(device.name, device.type, attrs, device.capacity, device.host, device.taints)
+    return dataclasses.replace(device, attributes=attrs)

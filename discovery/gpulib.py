@@ -88,10 +88,28 @@ class GpuTimeoutError(GpuLibraryError):
     code = 10
 
 
+class NoPermissionError(GpuLibraryError):
+    """The call needs privileges the process lacks (MIG changes need root or CAP_SYS_ADMIN)."""
+
+    code = 4
+
+
 class GpuIsLostError(GpuLibraryError):
     """The GPU fell off the bus (Xid 79) or stopped answering."""
 
     code = 15
+
+
+class InUseError(GpuLibraryError):
+    """The instance is in use: a process runs on it, or a GI still holds compute instances."""
+
+    code = 19
+
+
+class InsufficientResourcesError(GpuLibraryError):
+    """The placement overlaps an existing instance, or the GPU has no room for the profile."""
+
+    code = 23
 
 
 #: NVML return code -> our exception type (anything else becomes GpuLibraryError).
@@ -104,10 +122,20 @@ ERRORS_BY_CODE: dict[int, type[GpuLibraryError]] = {
         InvalidArgumentError,
         NotSupportedError,
         NotFoundError,
+        NoPermissionError,
         GpuTimeoutError,
         GpuIsLostError,
+        InUseError,
+        InsufficientResourcesError,
     )
 }
+
+#: nvmlDeviceGetGpuInstanceProfileInfo's profile *indexes* (NVML_GPU_INSTANCE_PROFILE_*) that
+#: A100/H100-class GPUs support: 1g, 1g+me (REV1), 1g double memory (REV2), 2g, 3g, 4g, 7g.
+#: NVML answers NOT_SUPPORTED for the others; the returned ``id`` is what placements use.
+GI_PROFILE_INDEXES = (0, 7, 9, 1, 2, 3, 4)
+#: NVML_COMPUTE_INSTANCE_PROFILE_* index of a CI spanning a GI of that many compute slices.
+CI_PROFILE_FULL = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +161,34 @@ class GpuInstanceInfo:
     profile_id: int
     placement_start: int
     placement_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInstanceProfile:
+    """nvmlDeviceGetGpuInstanceProfileInfo: one GPU-instance profile of a GPU model.
+
+    ``id`` is the profile id (19, 20, 15, 14, 9, 5, 0), not the index it was asked by;
+    ``instance_count`` how many of it fit on an empty GPU.
+    """
+
+    id: int
+    slices: int  # compute slices (the "g" of the name)
+    instance_count: int
+    memory_mib: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """nvmlGpuInstancePlacement_t: where a GI sits, in memory slices (8 per GPU)."""
+
+    start: int
+    size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +239,26 @@ class GpuLibrary(Protocol):
     def device_compute_instance_id(self, mig: DeviceHandle) -> int: ...
     def device_mig_attributes(self, mig: DeviceHandle) -> MigAttributes: ...
     def gpu_instance_info(self, handle: DeviceHandle, gpu_instance_id: int) -> GpuInstanceInfo: ...
+    # MIG instance management (dynamic partitions, agent.prepare.partitions). GPU and compute
+    # instances are named by their ids; each call looks the handle up again.
+    def gpu_instance_profile_info(
+        self, handle: DeviceHandle, profile_index: int
+    ) -> GpuInstanceProfile: ...
+    def gpu_instance_possible_placements(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> list[Placement]: ...
+    def gpu_instances(self, handle: DeviceHandle, profile_id: int) -> list[GpuInstanceInfo]: ...
+    def create_gpu_instance_with_placement(
+        self, handle: DeviceHandle, profile_id: int, placement: Placement
+    ) -> GpuInstanceInfo: ...
+    def create_compute_instance(
+        self, handle: DeviceHandle, gpu_instance_id: int, ci_profile_index: int
+    ) -> int: ...
+    def compute_instances(self, handle: DeviceHandle, gpu_instance_id: int) -> list[int]: ...
+    def destroy_compute_instance(
+        self, handle: DeviceHandle, gpu_instance_id: int, compute_instance_id: int
+    ) -> None: ...
+    def destroy_gpu_instance(self, handle: DeviceHandle, gpu_instance_id: int) -> None: ...
     # Events (health monitoring).
     def device_supported_event_types(self, handle: DeviceHandle) -> int: ...
     def event_set_create(self) -> EventSet: ...

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,8 +29,9 @@ from discovery.gpulib import (
     mig_profile_name,
     nvml_bus_id_to_sysfs,
 )
-from discovery.model import AttributeValue, Device, DeviceType, HostInfo, Version
+from discovery.model import AttributeValue, CounterSet, Device, DeviceType, HostInfo, Version
 from discovery.names import gpu_name, mig_name
+from discovery.partitions import GpuFacts, OwnedKey, plan_gpu
 from discovery.sysfs import PciFunction
 
 log = logging.getLogger("discovery.gpus")
@@ -54,6 +55,7 @@ class GpuScan:
     devices: list[Device] = field(default_factory=list)
     reserved: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    counter_sets: list[CounterSet] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +80,12 @@ class NvidiaScanner:
         dev_root: Path,
         want_gpu: bool,
         want_mig: bool,
+        mig_owned: Callable[[], Collection[OwnedKey]] | None = None,
     ) -> None:
         self.lib = lib
+        #: None: static MIG (offer the instances that exist); else dynamic, and this says
+        #: which instances dra-agent created (discovery.partitions).
+        self.mig_owned = mig_owned
         self.pci = pci
         self.below = below
         self.dev_root = dev_root
@@ -194,9 +200,16 @@ class NvidiaScanner:
                     "MIG mode enabled: offered as its MIG devices" if self.want_mig
                     else "MIG mode enabled and MIG devices are switched off (--device-types)"
                 )
-            if self.want_mig:
+            if self.want_mig and self.mig_owned is not None:
+                self._add_partitions(handle, c)
+            elif self.want_mig:
                 self._add_migs(handle, c)
             return
+        if self.mig_owned is not None and self.want_mig and mig_current == 0 \
+                and mig_pending == 0 and self._mig_capable(handle):
+            self.out.warnings.append(
+                f"{name}: MIG mode off, offered whole; --mig dynamic partitions it once MIG "
+                f"mode is on (nvidia-smi -i {c.bdf} -mig 1, then reset the GPU)")
         if not self.want_gpu:
             return
         attrs = dict(c.attrs)
@@ -219,7 +232,28 @@ class NvidiaScanner:
             Device(name, DeviceType.GPU, attrs, {"memory": quantity(c.memory)}, host)
         )
 
-    def _add_migs(self, handle: DeviceHandle, c: _Common) -> None:
+    def _mig_capable(self, handle: DeviceHandle) -> bool:
+        try:
+            self.lib.gpu_instance_profile_info(handle, 0)
+        except GpuLibraryError:
+            return False
+        return True
+
+    def _add_partitions(self, handle: DeviceHandle, c: _Common) -> None:
+        name = gpu_name(c.minor)
+        owned = self.mig_owned() if self.mig_owned is not None else ()
+        host = HostInfo(pci_address=c.bdf, dev_nodes=self._dev_nodes(f"/dev/nvidia{c.minor}"),
+                        driver=c.fn.driver if c.fn else None)
+        plan = plan_gpu(self.lib, handle,
+                        GpuFacts(name, c.uuid, c.minor, c.memory, c.attrs, host), owned)
+        self.out.warnings += plan.warnings
+        self._add_migs(handle, c, skip_gis=plan.owned_gis)
+        self.out.devices += plan.devices
+        if plan.counter_set is not None:
+            self.out.counter_sets.append(plan.counter_set)
+
+    def _add_migs(self, handle: DeviceHandle, c: _Common,
+                  skip_gis: Collection[int] = ()) -> None:
         try:
             slots = self.lib.device_max_mig_device_count(handle)
         except GpuLibraryError as err:
@@ -234,6 +268,8 @@ class NvidiaScanner:
                 self.out.warnings.append(f"gpu-{c.minor}: MIG device {i} skipped: {err}")
                 continue
             try:
+                if skip_gis and self.lib.device_gpu_instance_id(mig) in skip_gis:
+                    continue  # created by dra-agent: published as its partition
                 self._add_mig(handle, mig, c)
             except GpuLibraryError as err:
                 log.warning("MIG device skipped",
@@ -299,9 +335,11 @@ def scan_nvidia(
     *,
     want_gpu: bool = True,
     want_mig: bool = True,
+    mig_owned: Callable[[], Collection[OwnedKey]] | None = None,
 ) -> GpuScan:
     if lib is None or not (want_gpu or want_mig):
         return GpuScan()
     return NvidiaScanner(
-        lib, pci, below=below, dev_root=dev_root, want_gpu=want_gpu, want_mig=want_mig
+        lib, pci, below=below, dev_root=dev_root, want_gpu=want_gpu, want_mig=want_mig,
+        mig_owned=mig_owned,
     ).scan()

@@ -94,6 +94,34 @@ class RequestPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class CounterSet:
+    """A pool's shared counters (KEP-4815 ``sharedCounters``): counter name -> quantity.
+
+    Published in slices of their own (1.35+); devices that ``consume`` from it are never
+    allocated together beyond these totals.
+    """
+
+    name: str
+    counters: Mapping[str, str]
+
+    def to_api(self) -> dict[str, Any]:
+        return {"name": self.name,
+                "counters": {k: {"value": self.counters[k]} for k in sorted(self.counters)}}
+
+
+@dataclass(frozen=True, slots=True)
+class CounterConsumption:
+    """What one device takes from a counter set when allocated (``consumesCounters``)."""
+
+    counter_set: str
+    counters: Mapping[str, str]
+
+    def to_api(self) -> dict[str, Any]:
+        return {"counterSet": self.counter_set,
+                "counters": {k: {"value": self.counters[k]} for k in sorted(self.counters)}}
+
+
+@dataclass(frozen=True, slots=True)
 class HostInfo:
     """Host-side facts needed to prepare a device; not part of the published object.
 
@@ -130,6 +158,7 @@ class Device:
     #: to several requests at once, each consuming part of its capacity by ``request_policies``.
     allow_multiple_allocations: bool = False
     request_policies: Mapping[str, RequestPolicy] = field(default_factory=dict)
+    consumes: tuple[CounterConsumption, ...] = ()  # a partition of shared counters
 
     def to_api(self, list_attributes: bool = False) -> dict[str, Any]:
         """The resource.k8s.io/v1 ``Device`` dict, with keys in a deterministic order; list
@@ -142,6 +171,8 @@ class Device:
             out["capacity"] = {k: self._capacity_to_api(k) for k in sorted(self.capacity)}
         if self.allow_multiple_allocations:
             out["allowMultipleAllocations"] = True
+        if self.consumes:
+            out["consumesCounters"] = [c.to_api() for c in self.consumes]
         if self.taints:
             out["taints"] = [t.to_api() for t in self.taints]
         return out
@@ -219,6 +250,8 @@ class Inventory:
     #: Devices found but deliberately not offered (e.g. the NIC carrying the default route),
     #: name -> reason; shown by ``dra-agent discover`` so operators know why.
     reserved: Mapping[str, str] = field(default_factory=dict)
+    #: Shared counters the devices' ``consumes`` draw from (dynamic MIG partitions).
+    counter_sets: tuple[CounterSet, ...] = ()
 
     def by_name(self) -> dict[str, Device]:
         return {d.name: d for d in self.devices}

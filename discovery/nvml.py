@@ -7,6 +7,7 @@ do not pay for it. Every pynvml error is re-raised as the matching ``discovery.g
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
@@ -17,11 +18,20 @@ from discovery.gpulib import (
     EventSet,
     GpuEvent,
     GpuInstanceInfo,
+    GpuInstanceProfile,
     GpuLibraryError,
     GpuTimeoutError,
+    InvalidArgumentError,
     LibraryNotFoundError,
     MigAttributes,
+    NotSupportedError,
+    Placement,
 )
+
+#: Array sizes for NVML's list calls (at most 7 GIs per profile, 8 CIs per GI exist).
+_MAX_INSTANCES = 16
+#: Compute-instance profile indexes asked when listing every CI of a GI.
+_CI_PROFILE_INDEXES = range(9)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -173,6 +183,95 @@ class NvmlLibrary:
             placement_start=int(info.placement.start),
             placement_size=int(info.placement.size),
         )
+
+    @_translate
+    def gpu_instance_profile_info(
+        self, handle: DeviceHandle, profile_index: int
+    ) -> GpuInstanceProfile:
+        i = self.nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index)
+        return GpuInstanceProfile(
+            id=int(i.id), slices=int(i.sliceCount), instance_count=int(i.instanceCount),
+            memory_mib=int(i.memorySizeMB), multiprocessors=int(i.multiprocessorCount),
+            copy_engines=int(i.copyEngineCount), decoders=int(i.decoderCount),
+            encoders=int(i.encoderCount), jpeg_engines=int(i.jpegCount),
+            ofa_engines=int(i.ofaCount),
+        )
+
+    @_translate
+    def gpu_instance_possible_placements(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> list[Placement]:
+        nvml = self.nvml
+        array = (nvml.c_nvmlGpuInstancePlacement_t * _MAX_INSTANCES)()
+        count = ctypes.c_uint(_MAX_INSTANCES)
+        nvml.nvmlDeviceGetGpuInstancePossiblePlacements(
+            handle, profile_id, array, ctypes.byref(count))
+        return [Placement(int(array[i].start), int(array[i].size)) for i in range(count.value)]
+
+    def _gi_info(self, gi: Any) -> GpuInstanceInfo:
+        info = self.nvml.nvmlGpuInstanceGetInfo(gi)
+        return GpuInstanceInfo(
+            id=int(info.id), profile_id=int(info.profileId),
+            placement_start=int(info.placement.start), placement_size=int(info.placement.size),
+        )
+
+    @_translate
+    def gpu_instances(self, handle: DeviceHandle, profile_id: int) -> list[GpuInstanceInfo]:
+        nvml = self.nvml
+        array = (nvml.c_nvmlGpuInstance_t * _MAX_INSTANCES)()
+        count = ctypes.c_uint(0)
+        nvml.nvmlDeviceGetGpuInstances(handle, profile_id, array, ctypes.byref(count))
+        return [self._gi_info(array[i]) for i in range(count.value)]
+
+    @_translate
+    def create_gpu_instance_with_placement(
+        self, handle: DeviceHandle, profile_id: int, placement: Placement
+    ) -> GpuInstanceInfo:
+        nvml = self.nvml
+        where = nvml.c_nvmlGpuInstancePlacement_t()
+        where.start, where.size = placement.start, placement.size
+        gi = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(
+            handle, profile_id, ctypes.byref(where))
+        return self._gi_info(gi)
+
+    @_translate
+    def create_compute_instance(
+        self, handle: DeviceHandle, gpu_instance_id: int, ci_profile_index: int
+    ) -> int:
+        nvml = self.nvml
+        gi = nvml.nvmlDeviceGetGpuInstanceById(handle, gpu_instance_id)
+        ci = nvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile_index)
+        return int(nvml.nvmlComputeInstanceGetInfo(ci).id)
+
+    @_translate
+    def compute_instances(self, handle: DeviceHandle, gpu_instance_id: int) -> list[int]:
+        nvml = self.nvml
+        gi = nvml.nvmlDeviceGetGpuInstanceById(handle, gpu_instance_id)
+        ids: list[int] = []
+        for index in _CI_PROFILE_INDEXES:
+            array = (nvml.c_nvmlComputeInstance_t * _MAX_INSTANCES)()
+            count = ctypes.c_uint(0)
+            try:
+                _translate(nvml.nvmlGpuInstanceGetComputeInstances)(
+                    gi, index, array, ctypes.byref(count))
+            except (NotSupportedError, InvalidArgumentError):
+                continue  # a CI profile this GI does not have
+            ids += [int(nvml.nvmlComputeInstanceGetInfo(array[i]).id) for i in range(count.value)]
+        return sorted(ids)
+
+    @_translate
+    def destroy_compute_instance(
+        self, handle: DeviceHandle, gpu_instance_id: int, compute_instance_id: int
+    ) -> None:
+        nvml = self.nvml
+        gi = nvml.nvmlDeviceGetGpuInstanceById(handle, gpu_instance_id)
+        ci = nvml.nvmlGpuInstanceGetComputeInstanceById(gi, compute_instance_id)
+        nvml.nvmlComputeInstanceDestroy(ci)
+
+    @_translate
+    def destroy_gpu_instance(self, handle: DeviceHandle, gpu_instance_id: int) -> None:
+        nvml = self.nvml
+        nvml.nvmlGpuInstanceDestroy(nvml.nvmlDeviceGetGpuInstanceById(handle, gpu_instance_id))
 
     @_translate
     def device_supported_event_types(self, handle: DeviceHandle) -> int:

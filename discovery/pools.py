@@ -4,6 +4,8 @@ One pool per node, named after the node. Devices are ordered deterministically (
 order of names: gpu-2 before gpu-10) and split into slices that respect the API limits: at
 most 128 devices per slice, 64 when any device in that slice has taints, consumes counters
 or has a list attribute.
+Shared counter sets (partitionable devices) go in slices of their own ahead of the device
+slices, at most 8 per slice, as 1.35+ requires.
 A pure function: the same inventory always gives equal resources, so the controller can
 compare and skip writes.
 """
@@ -13,11 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from discovery.model import Device, DriverResources, Inventory, Pool, Slice
+from discovery.model import CounterSet, Device, DriverResources, Inventory, Pool, Slice
 from discovery.names import natural_key
 
 MAX_DEVICES = 128
 MAX_DEVICES_RESTRICTED = 64  # with taints, consumesCounters or list attributes (1.35+)
+MAX_COUNTER_SETS = 8  # per slice
 _LIST_KINDS = ("ints", "bools", "strings", "versions")
 
 
@@ -58,15 +61,22 @@ def build_resources(inventory: Inventory, pool_name: str) -> DriverResources:
     publishes "this node has nothing" instead of leaving stale slices behind.
     """
     devices = ordered(inventory.devices)
-    pools = {pool_name: _pool([d.to_api() for d in devices])}
+    sets = inventory.counter_sets
+    pools = {pool_name: _pool([d.to_api() for d in devices], sets)}
     # Both forms are built here, each sliced for its own limits (64 devices per slice with
     # list attributes): the controller learns only at run time which one the server takes.
     if not any(isinstance(v, tuple) for d in devices for v in d.attributes.values()):
         return DriverResources(pools=pools)
-    lists = {pool_name: _pool([d.to_api(list_attributes=True) for d in devices])}
+    lists = {pool_name: _pool([d.to_api(list_attributes=True) for d in devices], sets)}
     return DriverResources(pools=pools, list_pools=lists)
 
 
-def _pool(api_devices: list[dict[str, Any]]) -> Pool:
-    chunks = split_devices(api_devices) or [[]]
-    return Pool(slices=tuple(Slice(devices=tuple(chunk)) for chunk in chunks))
+def _pool(api_devices: list[dict[str, Any]], counter_sets: tuple[CounterSet, ...] = ()) -> Pool:
+    ordered_sets = sorted(counter_sets, key=lambda c: natural_key(c.name))
+    counters = tuple(
+        Slice(devices=(), shared_counters=tuple(c.to_api() for c in
+                                                ordered_sets[i:i + MAX_COUNTER_SETS]))
+        for i in range(0, len(ordered_sets), MAX_COUNTER_SETS)
+    )
+    chunks = split_devices(api_devices) or ([] if counters else [[]])
+    return Pool(slices=counters + tuple(Slice(devices=tuple(chunk)) for chunk in chunks))

@@ -59,6 +59,8 @@ def details(device: Device) -> str:
         parts.append(f"vfs={a.get('sriovNumVFs')}/{a['sriovTotalVFs']}")
     if device.host.driver == "vfio-pci":
         parts.append(f"vfio-group={device.host.iommu_group}")
+    if a.get("partition") is True:
+        parts.append("made-at-prepare")  # --mig/--vfs dynamic
     return " ".join(p for p in parts if p)
 
 

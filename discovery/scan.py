@@ -9,22 +9,30 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from discovery.attrs import fit_limits
 from discovery.drm import scan_drm_gpus
 from discovery.gpus import scan_nvidia
-from discovery.model import Device, DeviceType, Inventory
+from discovery.model import CounterSet, Device, DeviceType, Inventory
 from discovery.names import natural_key
 from discovery.nics import NicFilter, scan_nics, uplink_interfaces
+from discovery.partitions import OwnedKey
 from discovery.sharing import SharingMode, apply_sharing
 from discovery.sources import Sources
 from discovery.sysfs import Sysfs, endpoints_below
+from discovery.vfs import candidates
 
 log = logging.getLogger("discovery.scan")
 
 ALL_TYPES: tuple[str, ...] = tuple(str(t) for t in DeviceType)
+MIG_MODES = ("static", "dynamic")
+VF_MODES = ("static", "dynamic")
+
+
+def no_owned_instances() -> Collection[OwnedKey]:
+    return ()
 #: Start of the warning given when sysfs has no readable PCI device at all.
 SYSFS_UNREADABLE = "no PCI devices readable"
 
@@ -44,8 +52,19 @@ class DiscoveryOptions:
     exclude_ifaces: tuple[str, ...] = ()
     node_addresses: tuple[str, ...] = ()
     sharing: tuple[SharingMode, ...] = ()
+    #: ``static``: offer the MIG instances that exist; ``dynamic``: offer every partition a
+    #: MIG-mode GPU has room for (discovery.partitions), ``mig_owned`` naming the instances
+    #: dra-agent created (the checkpoint's).
+    mig: str = "static"
+    mig_owned: Callable[[], Collection[OwnedKey]] = no_owned_instances
+    #: ``dynamic``: a PF with SR-IOV and no VFs offers candidate VFs (discovery.vfs).
+    vfs: str = "static"
 
     def __post_init__(self) -> None:
+        if self.mig not in MIG_MODES:
+            raise ValueError(f"unknown MIG mode {self.mig!r}; one of {', '.join(MIG_MODES)}")
+        if self.vfs not in VF_MODES:
+            raise ValueError(f"unknown VF mode {self.vfs!r}; one of {', '.join(VF_MODES)}")
         unknown = sorted(set(self.device_types) - set(ALL_TYPES))
         if unknown:
             raise ValueError(f"unknown device type(s): {', '.join(unknown)}")
@@ -79,12 +98,15 @@ def discover(sources: Sources, options: DiscoveryOptions | None = None) -> Inven
     below = endpoints_below(pci)
     devices: list[Device] = []
     reserved: dict[str, str] = {}
+    counter_sets: list[CounterSet] = []
 
     gpu_scan = scan_nvidia(
         sources.gpu, pci, below, sources.dev_root,
         want_gpu=options.wants(DeviceType.GPU), want_mig=options.wants(DeviceType.MIG),
+        mig_owned=options.mig_owned if options.mig == "dynamic" else None,
     )
     devices += gpu_scan.devices
+    counter_sets += gpu_scan.counter_sets
     reserved.update(gpu_scan.reserved)
     warnings += gpu_scan.warnings
     if options.wants(DeviceType.GPU):
@@ -99,6 +121,10 @@ def discover(sources: Sources, options: DiscoveryOptions | None = None) -> Inven
         )
         devices += nic_scan.devices
         reserved.update(nic_scan.reserved)
+        if options.vfs == "dynamic" and options.wants(DeviceType.VF):
+            vf_sets, vf_candidates = candidates(sources.sysfs_root, nic_scan.devices)
+            counter_sets += vf_sets
+            devices += vf_candidates
 
     devices = apply_sharing(devices, options.sharing, warnings)
     devices = _unique([fit_limits(d) for d in devices], warnings)
@@ -110,6 +136,7 @@ def discover(sources: Sources, options: DiscoveryOptions | None = None) -> Inven
         devices=tuple(sorted(devices, key=lambda d: natural_key(d.name))),
         warnings=tuple(warnings),
         reserved=dict(sorted(reserved.items())),
+        counter_sets=tuple(counter_sets),
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from discovery.gpulib import GpuLibrary
+from discovery.vfs import SriovControl
 
 __all__ = ["GpuLibrary", "ProcRoutes", "RouteSource", "Sources"]
 
@@ -40,6 +41,8 @@ class Sources:
     proc_root: Path = Path("/proc")
     #: A short label for logs and warnings ("host", "simulated dgx-h100").
     label: str = "host"
+    #: Where VFs are made (--vfs dynamic); None: the kernel's sysfs under ``sysfs_root``.
+    sriov: SriovControl | None = None
 
 
 def _hex_le_ipv4(text: str) -> int:

@@ -15,8 +15,8 @@ import time
 from hack.benches import Figure
 
 AREAS = (
-    "discovery", "cdi", "plugin", "sharing", "flood", "slices", "startup", "explain",
-    "instructions", "health", "ops", "e2e", "realkubelet", "vs-upstream",
+    "discovery", "partitions", "cdi", "plugin", "sharing", "flood", "slices", "startup",
+    "explain", "instructions", "health", "ops", "e2e", "realkubelet", "vs-upstream",
 )
 
 

@@ -22,6 +22,11 @@ Decisions, each answering a bug an existing driver shipped:
   incompatible format would use a different file name, so an old agent never misreads it.
 * **Two-phase records** (``PrepareStarted`` then ``PrepareCompleted``) and the boot ID under
   which each record's CDI spec was written, so a reboot (tmpfs CDI dir) is told from a restart.
+* **Host side effects are named before they happen.** A device's ``migPartition`` (parent
+  UUID, GI profile, placement; then GI/CI ids and MIG UUID, ``agent.prepare.partitions``) is
+  durable before the instance is created; ``vfRestoreDriver`` is the driver a VF goes back to
+  and ``vfMacReset`` the PF and index whose MAC unprepare unsets (``agent.prepare.vfs``).
+  They ride in the device's extra fields, so older readers keep them.
 * **Whatever cannot be trusted is corruption.** Too deep to parse, not UTF-8, a lone UTF-16
   surrogate (``\\ud800`` parses, but can never be written back), a claim UID or name that the
   kubelet-facing path would refuse (a NUL in a UID would otherwise reach a path at start-up):

@@ -13,6 +13,8 @@ A claim (or class) passes it as ``opaque: {driver: <our driver>, parameters: {..
     sharing:                  # shares of NVIDIA GPUs only (--sharing gpu=...)
       timeSlice: Long         # the GPU's time-slice interval: Default, Short, Medium, Long
       mps: true               # bound the share through the node's MPS control daemon
+    vf:                       # VFs of --vfs dynamic only; other devices ignore it
+      driver: vfio-pci        # bind the VF to vfio-pci, or netdev: its PF's kernel driver
 
 Moving the interface is opt-in: without ``netdev.move: true`` the interface stays on the host
 and the claim's CDI spec keeps a cdiVersion (<= 0.5.0) that older runtimes load. A runtime
@@ -67,7 +69,9 @@ ALLOWED_ENV = frozenset({
 _MAX_DENY = 64
 #: Linux ``dev_valid_name``: 1-15 bytes (IFNAMSIZ - 1), no '/', ':' or whitespace, not . or ..
 _IFNAME = re.compile(r"^[^/:\s]{1,15}$")
-_TOP_FIELDS = ("apiVersion", "kind", "env", "denyEnv", "netdev", "sharing")
+_TOP_FIELDS = ("apiVersion", "kind", "env", "denyEnv", "netdev", "sharing", "vf")
+#: ``vf.driver`` values: the PF's own kernel driver (a netdev), or vfio-pci (a VFIO group).
+VF_DRIVERS = ("netdev", "vfio-pci")
 _NETDEV_FIELDS = ("move", "interfaceName")
 _SHARING_FIELDS = ("timeSlice", "mps")
 #: ``nvidia-smi compute-policy --set-timeslice`` levels by name.
@@ -124,6 +128,8 @@ class DeviceConfig:
     sharing: SharingConfig = field(default_factory=SharingConfig)
     #: Extra denied names (``PREFIX*`` for a prefix), from DeviceClass configs only.
     deny_env: tuple[str, ...] = ()
+    #: ``vf.driver``: what a VF made on demand is bound to (None: as the kernel made it).
+    vf_driver: str | None = None
 
     @property
     def move_netdev(self) -> bool:
@@ -141,6 +147,7 @@ class DeviceConfig:
             netdev=self.netdev.merged(later.netdev),
             sharing=self.sharing.merged(later.sharing),
             deny_env=(*self.deny_env, *(d for d in later.deny_env if d not in self.deny_env)),
+            vf_driver=later.vf_driver or self.vf_driver,
         )
 
 
@@ -185,7 +192,8 @@ def decode_config(params: Any, *, from_class: bool = False) -> DeviceConfig:
         raise ConfigDecodeError(unknown[0], f"unknown field (known: {', '.join(_TOP_FIELDS)})")
     deny = _decode_deny(params.get("denyEnv"), from_class)
     return DeviceConfig(env=_decode_env(params.get("env")), netdev=_decode_netdev(params),
-                        sharing=_decode_sharing(params.get("sharing")), deny_env=deny)
+                        sharing=_decode_sharing(params.get("sharing")), deny_env=deny,
+                        vf_driver=_decode_vf(params.get("vf")))
 
 
 def _decode_sharing(raw: Any) -> SharingConfig:
@@ -205,6 +213,22 @@ def _decode_sharing(raw: Any) -> SharingConfig:
     if mps is not None and not isinstance(mps, bool):
         raise ConfigDecodeError("sharing.mps", f"must be true or false, not {mps!r:.40}")
     return SharingConfig(time_slice=time_slice, mps=mps)
+
+
+def _decode_vf(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ConfigDecodeError("vf", "must be an object with driver")
+    unknown = sorted(str(k) for k in set(raw) - {"driver"})
+    if unknown:
+        raise ConfigDecodeError(f"vf.{unknown[0]}", "unknown field (known: driver)")
+    driver = raw.get("driver")
+    if driver is not None and driver not in VF_DRIVERS:
+        raise ConfigDecodeError(
+            "vf.driver", f"{driver!r} is not a driver dra-agent binds VFs to "
+                         f"(known: {', '.join(VF_DRIVERS)})")
+    return driver if isinstance(driver, str) else None
 
 
 def _decode_deny(raw: Any, from_class: bool) -> tuple[str, ...]:

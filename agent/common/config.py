@@ -22,6 +22,8 @@ ENV_PREFIX = "DRA_AGENT_"
 DEFAULT_DRIVER = "dra-agent.io"
 ALL_DEVICE_TYPES = ("gpu", "mig", "nic", "vf")
 NUMA_NODE_FORMS = ("auto", "list", "scalar")  # agent/slices/listattrs.py: what each means
+MIG_MODES = ("static", "dynamic")  # discovery/partitions.py: what dynamic publishes
+VF_MODES = ("static", "dynamic")  # discovery/vfs.py
 
 
 class ConfigError(click.UsageError):
@@ -46,6 +48,10 @@ class Config:
     numa_node_attribute: str = "auto"
     #: Device types published shareable (``--sharing gpu=shares:4``), discovery/sharing.py.
     sharing: tuple[SharingMode, ...] = ()
+    #: static: offer the MIG instances that exist; dynamic: every partition, made at prepare.
+    mig: str = "static"
+    #: static: offer the VFs that exist; dynamic: a PF without VFs offers them, made on use.
+    vfs: str = "static"
     config_file: Path | None = None
 
     @property
@@ -80,6 +86,20 @@ def _numa_form(value: Any) -> str:
     if value not in NUMA_NODE_FORMS:
         raise ValueError(f"expected one of {', '.join(NUMA_NODE_FORMS)}, got {_kind(value)}")
     return str(value)
+
+
+def _mig_mode(value: Any) -> str:
+    text = _text(value)
+    if text not in MIG_MODES:
+        raise ValueError(f"must be one of {', '.join(MIG_MODES)}, not {text!r}")
+    return text
+
+
+def _vf_mode(value: Any) -> str:
+    text = _text(value)
+    if text not in VF_MODES:
+        raise ValueError(f"must be one of {', '.join(VF_MODES)}, not {text!r}")
+    return text
 
 
 def _sharing(value: Any) -> tuple[SharingMode, ...]:
@@ -131,6 +151,8 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "sysfs_root": _path,
     "simulate": _text,
     "numa_node_attribute": _numa_form,
+    "mig": _mig_mode,
+    "vfs": _vf_mode,
     "metrics_address": _text,
     "log_format": _text,
     "config_file": _path,
@@ -248,6 +270,14 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         "multiple": True, "metavar": "TYPE=MODE",
         "help": "publish a device type shareable: gpu=shares:N, gpu=memory[:STEP], "
                 "nic=shares:N, nic=bandwidth[:STEP] (repeatable) [default: exclusive]"}),
+    (("--mig",), {
+        "type": click.Choice(MIG_MODES),
+        "help": "MIG: offer the instances that exist, or every partition a MIG-mode GPU has "
+                "room for, created at prepare [default: static]"}),
+    (("--vfs",), {
+        "type": click.Choice(VF_MODES),
+        "help": "SR-IOV: offer the VFs that exist, or, for a PF without VFs, the VFs it can "
+                "have, created (all, once) at the first prepare [default: static]"}),
     (("--metrics-address",), {"help": "host:port of metrics and health [default: 127.0.0.1:9464]"}),
     (("--config", "config_file"), {"help": "YAML config file", "type": click.Path()}),
     (("--log-format",), {"type": click.Choice(["logfmt", "json"])}),

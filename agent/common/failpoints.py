@@ -44,6 +44,11 @@ class Point(StrEnum):
     UNPREPARE_AFTER_SPEC_REMOVED = "unprepare-after-spec-removed"
     UNPREPARE_AFTER_COMPLETED = "unprepare-after-completed"  # record gone from the checkpoint
     UNPREPARE_BEFORE_ANSWER = "unprepare-before-answer"
+    # Dynamic MIG partitions (agent.prepare.partitions).
+    MIG_AFTER_INTENT = "mig-after-intent"  # the partition's intent is durable, nothing made
+    MIG_AFTER_GI_CREATED = "mig-after-gi-created"  # GPU instance made, no compute instance
+    MIG_AFTER_IDS_RECORDED = "mig-after-ids-recorded"  # both made, ids in the record (memory)
+    MIG_AFTER_DESTROYED = "mig-after-destroyed"  # unprepare destroyed them, record still there
 
 
 #: Shorter spellings accepted in the variable (the issue's own example uses the first).

@@ -249,11 +249,13 @@ class Search:
                 taken = used.get(set_name, {}).get(cname, Fraction(0))
                 if taken + value > have:
                     left = max(have - taken, Fraction(0))
+                    holders = self._holders(pool, set_name, cname)
+                    by = f" (taken by {', '.join(holders)})" if holders else ""
                     return Reason(COUNTERS, f"counter {set_name}/{cname}: needs "
-                                  f"{format_quantity(value)}, {format_quantity(left)} left",
+                                  f"{format_quantity(value)}, {format_quantity(left)} left{by}",
                                   {"counterSet": set_name, "counter": cname,
                                    "needed": format_quantity(value),
-                                   "left": format_quantity(left)})
+                                   "left": format_quantity(left), "takenBy": holders})
         # Upstream then checks every counter set of the pool, not only the device's: a set
         # already overdrawn by allocated devices (a driver shrank it) refuses every device
         # that consumes counters in the pool.
@@ -268,6 +270,13 @@ class Search:
         if commit:
             self._add_counters(entry, 1)
         return None
+
+    def _holders(self, pool: PoolView, set_name: str, counter: str) -> list[str]:
+        """The devices (allocated, or chosen for this claim) that consume ``counter``: the
+        partitions a refused one overlaps (``gpu-2-mig-3g40gb-4`` holds memory-slice-4)."""
+        return sorted(d.name for d in pool.all_devices
+                      if (self.state.holds(d.id) or d.id in self.allocating)
+                      and any(s == set_name and counter in c for s, c in d.consumes))
 
     def _add_counters(self, entry: Entry, sign: int) -> None:
         used = self.consumed_counters.setdefault(entry.pool.id, {})

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from agent.health.model import Condition, Kind
 from discovery.model import Device, DeviceType, Inventory
+from discovery.vfs import EXTRA_CANDIDATE
 
 log = logging.getLogger("agent.health.nic")
 
@@ -90,6 +91,8 @@ class NicProbe:
 
     def _own(self, device: Device) -> list[Condition]:
         h = device.host
+        if EXTRA_CANDIDATE in h.extra:  # --vfs dynamic: a VF made at prepare, sound as its PF
+            return []
         if h.pci_address and not self._function_exists(h.pci_address):
             return [Condition(Kind.LINK_DOWN, "gone", f"PCI function {h.pci_address} vanished")]
         out = self._netdev(h.if_name) if h.if_name else []

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.checkpoint.store import CheckpointStore, read_boot_id
 from agent.common.failpoints import Failpoints
@@ -44,6 +44,10 @@ from agent.prepare.metadatafiles import HostMetadataFiles
 from agent.prepare.recovery import recover
 from agent.prepare.state import DevicePreparer
 from discovery.model import Inventory
+
+if TYPE_CHECKING:
+    from agent.prepare.partitions import MigPartitions
+    from agent.prepare.vfs import VfProvisioner
 
 __all__ = [
     "AlreadyRunningError",
@@ -97,6 +101,8 @@ class PluginServer:
         claim_source: ClaimSource | None = None,
         failpoints: Failpoints | None = None,
         gpu_control: GpuControl | None = None,
+        partitions: MigPartitions | None = None,
+        vfs: VfProvisioner | None = None,
     ) -> None:
         if api_client is None and claim_source is None:
             # Without an API server there is no claim to read: fail at start, not per call.
@@ -119,6 +125,7 @@ class PluginServer:
             checkpoint=self.checkpoint, specs=self.specs, inventory=inventory_provider,
             boot_id=read_boot_id(options.boot_id_path), metrics=self.metrics,
             metadata=metadata, gpu_control=gpu_control, mps_pipe_dir=options.mps_pipe_dir,
+            partitions=partitions, vfs=vfs,
         )
         self.framework = PluginFramework(
             options.driver_name,

@@ -44,6 +44,8 @@ class SpecDevice:
     #: A share's consumedCapacity and how the claim asks it to be bounded (``enforce``).
     consumed: Mapping[str, str] = field(default_factory=dict)
     sharing: SharingConfig = field(default_factory=SharingConfig)
+    #: ``vf.driver`` of the claim's config for a VF (``agent.prepare.vfs``); None otherwise.
+    vf_driver: str | None = None
 
     @property
     def pod_interface(self) -> str | None:
@@ -56,9 +58,11 @@ def spec_device(
     config: DeviceConfig,
 ) -> SpecDevice:  # fmt: skip
     """The device with its netdev choice; a GPU ignores a claim-wide ``netdev``."""
+    vf_driver = config.vf_driver if device.type == DeviceType.VF else None
     if not (config.move_netdev and device.type in NETDEV_TYPES):
         return SpecDevice(device=device, env=env, share_id=result.share_id,
-                          consumed=result.consumed_capacity, sharing=config.sharing)
+                          consumed=result.consumed_capacity, sharing=config.sharing,
+                          vf_driver=vf_driver)
     if not device.host.if_name:
         raise BadConfigError(
             str(ref),
@@ -75,7 +79,8 @@ def spec_device(
             "into one pod while other pods hold shares of it; drop netdev.move",
         )
     return SpecDevice(device=device, env=env, move_netdev=True,
-                      interface_name=config.pod_interface_name)  # fmt: skip
+                      interface_name=config.pod_interface_name,
+                      vf_driver=vf_driver)  # fmt: skip
 
 
 def env_key(device_name: str) -> str:

@@ -31,6 +31,8 @@ class RecoveryReport:
     rebuilt: tuple[str, ...] = ()
     #: Claims whose spec could not be rebuilt (a device gone, ...): claim UID -> reason.
     not_rebuilt: tuple[tuple[str, str], ...] = ()
+    #: Interrupted prepares whose MIG partitions were destroyed (agent.prepare.partitions).
+    partitions_destroyed: tuple[str, ...] = ()
 
 
 def recover(preparer: DevicePreparer) -> RecoveryReport:
@@ -41,6 +43,9 @@ def recover(preparer: DevicePreparer) -> RecoveryReport:
     they are the best evidence of what is prepared, so they are adopted as recovered
     records that keep their devices reserved.
     """
+    from agent.prepare.partitions import reconcile
+
+    partitions_destroyed = reconcile(preparer)  # before the records it reads are rolled back
     records = preparer.checkpoint.claims()
     corrupt = bool(preparer.checkpoint.corrupt_copies)
     set_aside = len(preparer.specs.corrupt_copies)
@@ -84,6 +89,7 @@ def recover(preparer: DevicePreparer) -> RecoveryReport:
         metadata_removed=swept,
         rebuilt=rebuilt,
         not_rebuilt=not_rebuilt,
+        partitions_destroyed=partitions_destroyed,
     )
     if rolled_back or orphans or swept:
         log.warning(

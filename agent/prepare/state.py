@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.checkpoint.model import ClaimRecord, ClaimState, PreparedDevice
 from agent.checkpoint.store import CheckpointStore, CheckpointWriteError
@@ -67,6 +68,10 @@ from agent.prepare.shares import check_shares
 from cdi.errors import CDIError
 from discovery.model import Device, Inventory
 
+if TYPE_CHECKING:
+    from agent.prepare.partitions import MigPartitions
+    from agent.prepare.vfs import VfProvisioner
+
 log = logging.getLogger(__name__)
 
 
@@ -95,6 +100,8 @@ class DevicePreparer:
         metadata: ClaimMetadata | None = None,
         gpu_control: GpuControl | None = None,
         mps_pipe_dir: Path | None = None,
+        partitions: MigPartitions | None = None,
+        vfs: VfProvisioner | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -111,6 +118,10 @@ class DevicePreparer:
         #: recording stand-in on a simulated node; None where there is no such tool.
         self.gpu_control = gpu_control
         self.mps_pipe_dir = mps_pipe_dir
+        #: Dynamic MIG (``--mig dynamic``): creates the partitions claims are allocated.
+        self.partitions = partitions
+        #: VFs on demand (``--vfs dynamic``): makes a PF's VFs when a claim first needs one.
+        self.vfs = vfs
 
     # -- prepare --------------------------------------------------------------------------
 
@@ -157,6 +168,14 @@ class DevicePreparer:
         self.store(ref, start, durable=False)
         try:
             hit(self.failpoints, Point.PREPARE_AFTER_STARTED, ref.uid)
+            if self.partitions is not None:  # durable intent first, then the instances
+                record, spec_devices = self.partitions.prepare(
+                    ref, record, spec_devices,
+                    lambda r, durable: self.store(ref, put_record(r), durable=durable))
+            if self.vfs is not None:
+                record, spec_devices = self.vfs.prepare(ref, record, spec_devices)
+                made = {d.device.name: d.device for d in spec_devices}
+                record = replace(record, devices=identified(record.devices, self.pool, made))
             self.metadata.write(ref, files)  # first: the spec's mounts name these files
             apply_time_slices(ref, spec_devices, self.gpu_control)
             if spec_devices:
@@ -166,10 +185,24 @@ class DevicePreparer:
             self.store(ref, lambda claims: claims.__setitem__(ref.uid, done))
             hit(self.failpoints, Point.PREPARE_AFTER_COMPLETED, ref.uid)
         except BaseException:
-            self._rollback(record)
+            if self._partitions_released(ref):
+                self._rollback(record)
             raise
         self.update_gauges()
         return done
+
+    def _partitions_released(self, ref: ClaimRef) -> bool:
+        """Destroy what a failed prepare created; False (the PrepareStarted record stays,
+        for start-up to finish) when that fails."""
+        if self.partitions is None:
+            return True
+        try:
+            self.partitions.release(str(ref), self.checkpoint.claims().get(ref.uid))
+        except ClaimError as err:
+            log.error("rollback cannot destroy a MIG partition; start-up retries",
+                      extra={"claim": ref.uid, "error": str(err)})
+            return False
+        return True
 
     def prepare_recorded(self, ref: ClaimRef) -> ClaimRecord | None:
         """Answer a repeated prepare from the checkpoint alone; None when the claim is needed.
@@ -246,6 +279,10 @@ class DevicePreparer:
         """Write a prepared claim's metadata files and spec again from ``inventory``; the
         record as it is then (not stored). A claim prepared without metadata files stays so;
         with the feature switched off since, its files go."""
+        if self.partitions is not None:
+            from agent.prepare.partitions import overlay
+
+            inventory = overlay(record, self.pool, inventory)
         devices = mps_edits(claim.ref, [self.spec_device(claim, r, inventory) for r in results],
                             self.mps_pipe_dir)
         files, devices, metadata = self.metadata.plan(
@@ -392,6 +429,11 @@ class DevicePreparer:
             self.metadata.remove(record)
         elif ref is not None and ref.uid == uid:
             self.metadata.remove_unrecorded(ref, claims)
+        if self.partitions is not None and record is not None:  # an error: the kubelet retries
+            self.partitions.release(str(ref) if ref is not None else uid, record)
+            hit(self.failpoints, Point.MIG_AFTER_DESTROYED, uid)
+        if self.vfs is not None and record is not None:  # rebound VFs get their driver back
+            self.vfs.release(str(ref) if ref is not None else uid, record)
         hit(self.failpoints, Point.UNPREPARE_AFTER_SPEC_REMOVED, uid)
         self.checkpoint.update(lambda claims: claims.pop(uid, None))
         if record is not None and any(d.time_slice for d in record.devices):

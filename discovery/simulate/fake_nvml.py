@@ -7,32 +7,49 @@ NVML bus id in NVML's own spelling (``00000000:1B:00.0``).
 
 Hooks for tests and the health feature: ``inject_xid``, ``inject_ecc``, ``set_lost``,
 ``fail`` (make one call raise for one GPU, e.g. an NVML error mid-scan), ``clear_faults``.
+
+MIG instances are created and destroyed under the real rules (``mig -lgipp`` placements of
+the GPU's model, no two GIs on one memory slice, one 1g+me per GPU, no GI destroyed while it
+holds compute instances or a process runs on it) with the NVML return codes the driver gives:
+NOT_SUPPORTED without MIG mode, INVALID_ARGUMENT for a placement the profile does not have,
+INSUFFICIENT_RESOURCES for a taken one, IN_USE for a busy instance. ``FakeGpu.busy`` holds the
+GI ids another process is using. With ``state_path`` the instances outlive the process, as
+on a real GPU: every change is written there and a new FakeNvml on the same path starts from
+it (crash tests kill the agent and look at the "hardware" afterwards).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import queue
 import threading
 import uuid as uuidlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from discovery.gpulib import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_MIG_CONFIG_CHANGE,
     EVENT_SINGLE_BIT_ECC,
     EVENT_XID_CRITICAL,
+    GI_PROFILE_INDEXES,
     WHOLE_GPU,
     DeviceHandle,
     EventSet,
     GpuEvent,
     GpuInstanceInfo,
+    GpuInstanceProfile,
     GpuIsLostError,
     GpuLibraryError,
+    InsufficientResourcesError,
+    InUseError,
     InvalidArgumentError,
     MigAttributes,
     NotFoundError,
     NotSupportedError,
+    Placement,
     UninitializedError,
 )
 
@@ -83,6 +100,27 @@ H100_80GB_PROFILES = {
 }
 
 
+#: GI profile id -> (possible placement starts, size in memory slices, instances on an empty
+#: GPU): ``nvidia-smi mig -lgipp``, identical on A100, H100 and H200.
+PLACEMENTS: dict[int, tuple[tuple[int, ...], int, int]] = {
+    19: ((0, 1, 2, 3, 4, 5, 6), 1, 7),
+    20: ((0, 1, 2, 3, 4, 5, 6), 1, 1),
+    15: ((0, 2, 4, 6), 2, 4),
+    14: ((0, 2, 4), 2, 3),
+    9: ((0, 4), 4, 2),
+    5: ((0,), 4, 1),
+    0: ((0,), 8, 1),
+}
+#: NVML_GPU_INSTANCE_PROFILE_* index -> profile id.
+PROFILE_ID_BY_INDEX = dict(zip(GI_PROFILE_INDEXES, (19, 20, 15, 14, 9, 5, 0), strict=True))
+#: NVML_COMPUTE_INSTANCE_PROFILE_* index -> compute slices of the CI.
+CI_SLICES_BY_INDEX = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
+#: ``FakeMig.ci`` of a GPU instance that holds no compute instance (no MIG device yet).
+NO_CI = -1
+#: Compute slices a MIG-mode GPU of these models has.
+COMPUTE_SLICES = 7
+
+
 @dataclass
 class FakeMig:
     """One MIG device: a compute instance ``ci`` inside GPU instance ``gi``."""
@@ -110,6 +148,11 @@ class FakeGpu:
     mig_mode: tuple[int, int] = (0, 0)
     migs: list[FakeMig] = field(default_factory=list)
     lost: bool = False
+    #: GI ids a process (not ours) is using: destroying them, or their CIs, is IN_USE.
+    busy: set[int] = field(default_factory=set)
+    #: The GI profile table; None: chosen by model name (H100, A100 80GB).
+    mig_profiles: dict[int, GiProfile] | None = None
+    created: int = 0  # instances created so far, for fresh MIG UUIDs
 
     def __post_init__(self) -> None:
         if not self.uuid:
@@ -118,6 +161,15 @@ class FakeGpu:
         for mig in self.migs:
             if not mig.uuid:
                 mig.uuid = "MIG-" + str(uuidlib.uuid5(_NS, f"{self.uuid}/{mig.gi}/{mig.ci}"))
+
+    def profile_table(self) -> dict[int, GiProfile]:
+        if self.mig_profiles is not None:
+            return self.mig_profiles
+        if "H100" in self.name:
+            return H100_80GB_PROFILES
+        if "A100" in self.name and "80GB" in self.name:
+            return A100_80GB_PROFILES
+        return {}
 
     @property
     def nvml_bus_id(self) -> str:
@@ -141,7 +193,8 @@ class FakeNvml:
     """In-memory NVML. Thread-safe enough for one scanner plus one health watcher."""
 
     def __init__(self, gpus: list[FakeGpu], driver: str = "550.54.15", cuda: int = 12040,
-                 init_error: GpuLibraryError | None = None) -> None:
+                 init_error: GpuLibraryError | None = None,
+                 state_path: Path | None = None) -> None:
         self.gpus = gpus
         self.driver = driver
         self.cuda = cuda
@@ -151,6 +204,31 @@ class FakeNvml:
         self._faults: dict[tuple[str, str | None], GpuLibraryError] = {}
         self._sets: list[_EventSet] = []
         self.calls = 0  # number of library calls, for tests that check caching
+        self.state_path = state_path
+        if state_path is not None and state_path.exists():
+            self._load(state_path)
+
+    # -- persistence (the GPU's MIG layout outlives the process) -------------------------------
+    def _load(self, path: Path) -> None:
+        saved = json.loads(path.read_text())
+        for gpu in self.gpus:
+            entry = saved.get(gpu.uuid)
+            if entry is None:
+                continue
+            table = gpu.profile_table()
+            gpu.created = int(entry["created"])
+            gpu.migs = [FakeMig(m["gi"], m["ci"], table[m["profile"]], m["start"],
+                                m["ciSlices"], m["uuid"]) for m in entry["migs"]]
+
+    def _save(self) -> None:
+        if self.state_path is None:
+            return
+        state = {g.uuid: {"created": g.created, "migs": [
+            {"gi": m.gi, "ci": m.ci, "profile": m.profile.id, "start": m.start,
+             "ciSlices": m.ci_slices, "uuid": m.uuid} for m in g.migs]} for g in self.gpus}
+        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.state_path)
 
     # -- fault hooks -----------------------------------------------------------------------
     def fail(self, call: str, error: GpuLibraryError, uuid: str | None = None) -> None:
@@ -294,7 +372,7 @@ class FakeNvml:
         return 7 if h.gpu.mig_mode[0] else 0
 
     def _ordered_migs(self, gpu: FakeGpu) -> list[FakeMig]:
-        return sorted(gpu.migs, key=lambda m: (m.start, m.ci))
+        return sorted((m for m in gpu.migs if m.ci != NO_CI), key=lambda m: (m.start, m.ci))
 
     def device_mig_device_handle_by_index(self, handle: DeviceHandle, index: int) -> DeviceHandle:
         h = self._h("device_mig_device_handle_by_index", handle)
@@ -337,6 +415,167 @@ class FakeNvml:
             if m.gi == gpu_instance_id:
                 return GpuInstanceInfo(m.gi, m.profile.id, m.start, m.profile.placement_size)
         raise NotFoundError(f"no GPU instance {gpu_instance_id}", call="gpu_instance_info")
+
+    # -- MIG instance management ---------------------------------------------------------
+    def _mig_gpu(self, call: str, handle: DeviceHandle) -> FakeGpu:
+        gpu = self._h(call, handle).gpu
+        if not gpu.profile_table():
+            raise NotSupportedError("MIG not supported", call=call)
+        if not gpu.mig_mode[0]:
+            raise NotSupportedError("MIG mode is not enabled", call=call)
+        return gpu
+
+    def gpu_instance_profile_info(
+        self, handle: DeviceHandle, profile_index: int
+    ) -> GpuInstanceProfile:
+        call = "gpu_instance_profile_info"
+        gpu = self._h(call, handle).gpu
+        profile = gpu.profile_table().get(PROFILE_ID_BY_INDEX.get(profile_index, -1))
+        if profile is None:
+            if not 0 <= profile_index < 0x12:
+                raise InvalidArgumentError(f"profile index {profile_index}", call=call)
+            raise NotSupportedError(f"profile index {profile_index} not supported", call=call)
+        p = profile
+        return GpuInstanceProfile(
+            id=p.id, slices=p.slices, instance_count=PLACEMENTS[p.id][2],
+            memory_mib=p.memory_mib, multiprocessors=p.multiprocessors,
+            copy_engines=p.copy_engines, decoders=p.decoders, encoders=p.encoders,
+            jpeg_engines=p.jpeg_engines, ofa_engines=p.ofa_engines,
+        )
+
+    def _profile(self, call: str, gpu: FakeGpu, profile_id: int) -> GiProfile:
+        profile = gpu.profile_table().get(profile_id)
+        if profile is None:
+            raise InvalidArgumentError(f"no GPU instance profile id {profile_id}", call=call)
+        return profile
+
+    def gpu_instance_possible_placements(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> list[Placement]:
+        call = "gpu_instance_possible_placements"
+        gpu = self._mig_gpu(call, handle)
+        self._profile(call, gpu, profile_id)
+        starts, size, _ = PLACEMENTS[profile_id]
+        return [Placement(s, size) for s in starts]
+
+    def _gis(self, gpu: FakeGpu) -> dict[int, FakeMig]:
+        """GI id -> one of its entries (all entries of a GI share profile and start)."""
+        out: dict[int, FakeMig] = {}
+        for m in gpu.migs:
+            out.setdefault(m.gi, m)
+        return out
+
+    def gpu_instances(self, handle: DeviceHandle, profile_id: int) -> list[GpuInstanceInfo]:
+        call = "gpu_instances"
+        gpu = self._mig_gpu(call, handle)
+        self._profile(call, gpu, profile_id)
+        return [GpuInstanceInfo(m.gi, m.profile.id, m.start, m.profile.placement_size)
+                for m in sorted(self._gis(gpu).values(), key=lambda m: m.gi)
+                if m.profile.id == profile_id]
+
+    def create_gpu_instance_with_placement(
+        self, handle: DeviceHandle, profile_id: int, placement: Placement
+    ) -> GpuInstanceInfo:
+        call = "create_gpu_instance_with_placement"
+        gpu = self._mig_gpu(call, handle)
+        profile = self._profile(call, gpu, profile_id)
+        starts, size, count = PLACEMENTS[profile_id]
+        if placement.start not in starts or placement.size != size:
+            raise InvalidArgumentError(
+                f"placement {placement.start}:{placement.size} is not one of profile "
+                f"{profile_id}'s", call=call)
+        with self._lock:
+            gis = self._gis(gpu)
+            wanted = set(range(placement.start, placement.start + size))
+            for gi in gis.values():
+                taken = set(range(gi.start, gi.start + gi.profile.placement_size))
+                if wanted & taken:
+                    raise InsufficientResourcesError(
+                        f"memory slices {sorted(wanted & taken)} held by GI {gi.gi}", call=call)
+            same = sum(1 for gi in gis.values() if gi.profile.id == profile_id)
+            used = sum(gi.profile.slices for gi in gis.values())
+            if same >= count or used + profile.slices > COMPUTE_SLICES:
+                raise InsufficientResourcesError(
+                    f"no room for another profile {profile_id} instance", call=call)
+            gi_id = next(i for i in range(1, 15) if i not in gis)
+            gpu.migs.append(FakeMig(gi_id, NO_CI, profile, placement.start))
+            self._save()
+        self._deliver(gpu, EVENT_MIG_CONFIG_CHANGE, 0, None)
+        return GpuInstanceInfo(gi_id, profile_id, placement.start, size)
+
+    def _gi(self, call: str, gpu: FakeGpu, gpu_instance_id: int) -> list[FakeMig]:
+        entries = [m for m in gpu.migs if m.gi == gpu_instance_id]
+        if not entries:
+            raise NotFoundError(f"no GPU instance {gpu_instance_id}", call=call)
+        return entries
+
+    def create_compute_instance(
+        self, handle: DeviceHandle, gpu_instance_id: int, ci_profile_index: int
+    ) -> int:
+        call = "create_compute_instance"
+        gpu = self._mig_gpu(call, handle)
+        with self._lock:
+            entries = self._gi(call, gpu, gpu_instance_id)
+            gi = entries[0]
+            slices = CI_SLICES_BY_INDEX.get(ci_profile_index)
+            if slices is None or slices > gi.profile.slices:
+                raise InvalidArgumentError(
+                    f"compute instance profile {ci_profile_index} not valid in a "
+                    f"{gi.profile.slices}g GPU instance", call=call)
+            real = [m for m in entries if m.ci != NO_CI]
+            used = sum(m.ci_slices or gi.profile.slices for m in real)
+            if used + slices > gi.profile.slices:
+                raise InsufficientResourcesError(
+                    f"GPU instance {gpu_instance_id} has no room for a {slices}c instance",
+                    call=call)
+            ci = next(i for i in range(8) if i not in {m.ci for m in real})
+            gpu.created += 1
+            uuid = "MIG-" + str(uuidlib.uuid5(
+                _NS, f"{gpu.uuid}/{gpu_instance_id}/{ci}/{gpu.created}"))
+            mig = FakeMig(gpu_instance_id, ci, gi.profile, gi.start,
+                          0 if slices == gi.profile.slices else slices, uuid)
+            gpu.migs = [m for m in gpu.migs
+                        if not (m.gi == gpu_instance_id and m.ci == NO_CI)] + [mig]
+            self._save()
+        self._deliver(gpu, EVENT_MIG_CONFIG_CHANGE, 0, None)
+        return ci
+
+    def compute_instances(self, handle: DeviceHandle, gpu_instance_id: int) -> list[int]:
+        call = "compute_instances"
+        gpu = self._mig_gpu(call, handle)
+        return sorted(m.ci for m in self._gi(call, gpu, gpu_instance_id) if m.ci != NO_CI)
+
+    def destroy_compute_instance(
+        self, handle: DeviceHandle, gpu_instance_id: int, compute_instance_id: int
+    ) -> None:
+        call = "destroy_compute_instance"
+        gpu = self._mig_gpu(call, handle)
+        with self._lock:
+            entries = self._gi(call, gpu, gpu_instance_id)
+            target = [m for m in entries if m.ci == compute_instance_id]
+            if compute_instance_id == NO_CI or not target:
+                raise NotFoundError(f"no compute instance {compute_instance_id} in GPU "
+                                    f"instance {gpu_instance_id}", call=call)
+            if gpu_instance_id in gpu.busy:
+                raise InUseError(f"GPU instance {gpu_instance_id} runs processes", call=call)
+            gpu.migs.remove(target[0])
+            if len(entries) == 1:  # the GI stays, empty
+                gpu.migs.append(FakeMig(gpu_instance_id, NO_CI, target[0].profile,
+                                        target[0].start))
+            self._save()
+        self._deliver(gpu, EVENT_MIG_CONFIG_CHANGE, 0, None)
+
+    def destroy_gpu_instance(self, handle: DeviceHandle, gpu_instance_id: int) -> None:
+        call = "destroy_gpu_instance"
+        gpu = self._mig_gpu(call, handle)
+        with self._lock:
+            entries = self._gi(call, gpu, gpu_instance_id)
+            if gpu_instance_id in gpu.busy or any(m.ci != NO_CI for m in entries):
+                raise InUseError(f"GPU instance {gpu_instance_id} holds compute instances "
+                                 "or runs processes", call=call)
+            gpu.migs.remove(entries[0])
+            self._save()
+        self._deliver(gpu, EVENT_MIG_CONFIG_CHANGE, 0, None)
 
     def device_supported_event_types(self, handle: DeviceHandle) -> int:
         self._h("device_supported_event_types", handle)

@@ -1,4 +1,9 @@
-"""Simulated nodes: ``dgx-h100``, ``dgx-a100-mig``, ``sriov-nic``, ``amd-mi300x``, ``empty``.
+"""Simulated nodes: ``dgx-h100``, ``dgx-h100-mig``, ``dgx-a100-mig``, ``dgx-a100-mig-room``,
+``sriov-nic``, ``sriov-novfs``, ``amd-mi300x``, ``empty``.
+
+``dgx-h100-mig`` and ``dgx-a100-mig-room`` have MIG-mode GPUs with room to partition (empty,
+or partly taken by instances someone else made) for ``--mig dynamic``; ``sriov-novfs`` is
+``sriov-nic`` before any VF was created, for ``--vfs dynamic``.
 
 Each profile writes a sysfs tree, a procfs subset (routes, NVIDIA driver version) and /dev
 stand-ins under a work directory, and pairs them with a FakeNvml. Bus numbers, NUMA nodes,
@@ -13,14 +18,17 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from discovery.simulate.fake_nvml import (
     A100_80GB_PROFILES,
+    H100_80GB_PROFILES,
     FakeGpu,
     FakeMig,
     FakeNvml,
 )
+from discovery.simulate.sriov import SimulatedSriov
 from discovery.simulate.tree import PciSpec, SysfsBuilder, touch_nodes, write_numa
 from discovery.sources import ProcRoutes, Sources
 
@@ -111,7 +119,27 @@ H100_NUMA = {0: (0, "0-27,112-139"), 2: (0, "28-55,140-167"),
 H100_MEMORY = 85_520_809_984  # 81559 MiB, as NVML reports it
 
 
-def _dgx_h100(node: _Node) -> None:
+MigLayout = Callable[[int], tuple[tuple[int, int], list[FakeMig]]]
+
+
+def _no_mig(index: int) -> tuple[tuple[int, int], list[FakeMig]]:
+    return (0, 0), []
+
+
+def _h100_room(index: int) -> tuple[tuple[int, int], list[FakeMig]]:
+    """dgx-h100-mig: GPUs 0-3 MIG mode on and empty; 4 holds a foreign 3g at 0 (GI 2); 5 two
+    foreign 1g at 0 and 1 (GI 7, 8); 6-7 MIG mode off."""
+    p = H100_80GB_PROFILES
+    if index < 4:
+        return (1, 1), []
+    if index == 4:
+        return (1, 1), [FakeMig(2, 0, p[9], 0)]
+    if index == 5:
+        return (1, 1), [FakeMig(7, 0, p[19], 0), FakeMig(8, 0, p[19], 1)]
+    return (0, 0), []
+
+
+def _dgx_h100(node: _Node, migs: MigLayout = _no_mig) -> None:
     s = node.sys
     for k, (r, mlx, numa) in enumerate(H100_PAIRS):
         root, cpus = f"pci0000:{r:02x}", H100_CPUS[numa]
@@ -131,8 +159,9 @@ def _dgx_h100(node: _Node) -> None:
         gpu_bdf = _bdf(r + 6)
         s.function(PciSpec(gpu_bdf, root, (port, up, gpu_down, gpu_up, gpu_down2), NVIDIA,
                            0x2330, CLASS_3D, (NVIDIA, 0x16C1), numa, cpus, "nvidia"))
+        mig_mode, layout = migs(k)
         node.gpus.append(FakeGpu(k, k, gpu_bdf, "NVIDIA H100 80GB HBM3", H100_MEMORY, 0x2330,
-                                 9, (9, 0)))
+                                 9, (9, 0), mig_mode=mig_mode, migs=layout))
         node.dev_nodes.append(f"nvidia{k}")
     # Storage: two dual-port CX-7 cards, port 1 InfiniBand, port 2 Ethernet (RoCE).
     for bus, mlx, numa in ((0x29, 1, 0), (0xAA, 7, 1)):
@@ -151,6 +180,16 @@ def _dgx_h100(node: _Node) -> None:
                            (NVIDIA, 0x1796), 0, H100_CPUS[0], "nvidia-nvswitch"))
     _mgmt_nic(node, 0x0B, "eno3", 0, H100_CPUS[0])
     write_numa(s, H100_NUMA, near=12, far=21)
+    _mig_cap_nodes(node)
+
+
+def _mig_cap_nodes(node: _Node) -> None:
+    """/dev/nvidia-caps nodes of the instances that exist when the machine is made."""
+    for gpu in node.gpus:
+        for mig in gpu.migs:
+            base = 135 * gpu.minor + 9 * mig.gi
+            node.dev_nodes += [f"nvidia-caps/nvidia-cap{3 + base}",
+                               f"nvidia-caps/nvidia-cap{4 + base + mig.ci}"]
 
 
 # -- dgx-a100-mig ------------------------------------------------------------------------
@@ -185,7 +224,19 @@ def _a100_migs(index: int) -> tuple[tuple[int, int], list[FakeMig]]:
     return (0, 0), []
 
 
-def _dgx_a100(node: _Node) -> None:
+def _a100_room(index: int) -> tuple[tuple[int, int], list[FakeMig]]:
+    """dgx-a100-mig-room: GPUs 0-1 as in dgx-a100-mig, 2 only its 3g at 4 (room at 0-3), 3-5
+    MIG mode on and empty, 6-7 MIG mode off."""
+    if index < 2:
+        return _a100_migs(index)
+    if index == 2:
+        return (1, 1), [FakeMig(2, 0, A100_80GB_PROFILES[9], 4)]
+    if index < 6:
+        return (1, 1), []
+    return (0, 0), []
+
+
+def _dgx_a100(node: _Node, migs: MigLayout = _a100_migs) -> None:
     s = node.sys
     index = 0
     for r, numa, gpu_buses, nics in A100_COMPLEXES:
@@ -198,10 +249,10 @@ def _dgx_a100(node: _Node) -> None:
             s.bridge(root, (port, up), down, vendor=BROADCOM, device=0xC010, numa_node=numa)
             s.function(PciSpec(_bdf(bus), root, (port, up, down), NVIDIA, 0x20B2, CLASS_3D,
                                (NVIDIA, 0x1463), numa, cpus, "nvidia", "16.0 GT/s PCIe"))
-            mig_mode, migs = _a100_migs(index)
+            mig_mode, layout = migs(index)
             node.gpus.append(FakeGpu(index, index, _bdf(bus), "NVIDIA A100-SXM4-80GB",
                                      A100_MEMORY, 0x20B2, 7, (8, 0), mig_mode=mig_mode,
-                                     migs=migs))
+                                     migs=layout))
             node.dev_nodes.append(f"nvidia{index}")
             index += 1
         for j, (bus, mlx) in enumerate(nics):
@@ -222,11 +273,7 @@ def _dgx_a100(node: _Node) -> None:
     # In-band management runs over the second storage card's first port.
     node.routes += [("enp225s0f0", "00000000", "00000000"),
                     ("enp225s0f0", "000A0A0A", "00FFFFFF")]
-    for gpu in node.gpus:
-        for mig in gpu.migs:
-            base = 135 * gpu.minor + 9 * mig.gi
-            node.dev_nodes += [f"nvidia-caps/nvidia-cap{3 + base}",
-                               f"nvidia-caps/nvidia-cap{4 + base + mig.ci}"]
+    _mig_cap_nodes(node)
 
 
 # -- sriov-nic ---------------------------------------------------------------------------
@@ -235,7 +282,8 @@ SRIOV_VFS = 64
 SRIOV_VFIO_FROM = (48, 32)  # per PF: VFs from this index on are bound to vfio-pci
 
 
-def _sriov(node: _Node) -> None:
+def _sriov(node: _Node, vfs: int = SRIOV_VFS) -> None:
+    """Dual-port ConnectX-6 Dx, TotalVFs 64 per port; ``vfs`` of them created."""
     s = node.sys
     root, port, cpus = "pci0000:3a", _bdf(0x3A, 0), "0-31"
     s.bridge(root, (), port, vendor=INTEL, device=0x347A, numa_node=0)
@@ -248,9 +296,9 @@ def _sriov(node: _Node) -> None:
         s.rdma(pf, f"mlx5_{pf_fn}", uverbs=pf_fn, link_layer="Ethernet",
                rate="100 Gb/sec (4X EDR)", guid=f"0c42:a103:00{pf_fn:02x}:0000", hca="MT4125")
         offset = 2 if pf_fn == 0 else 1 + SRIOV_VFS
-        s.sriov(pf, total=SRIOV_VFS, num=SRIOV_VFS, offset=offset, stride=1, vf_device=0x101E)
+        s.sriov(pf, total=SRIOV_VFS, num=vfs, offset=offset, stride=1, vf_device=0x101E)
         s.iommu_group(pf, pf_bdf, 30 + pf_fn)
-        for i in range(SRIOV_VFS):
+        for i in range(vfs):
             devfn = pf_fn + offset + i
             vf_bdf = _bdf(0x3B, devfn >> 3, devfn & 7)
             vfio = i >= SRIOV_VFIO_FROM[pf_fn]
@@ -311,8 +359,11 @@ def _empty(node: _Node) -> None:
 
 PROFILES: dict[str, Callable[[_Node], None]] = {
     "dgx-h100": _dgx_h100,
+    "dgx-h100-mig": partial(_dgx_h100, migs=_h100_room),
     "dgx-a100-mig": _dgx_a100,
+    "dgx-a100-mig-room": partial(_dgx_a100, migs=_a100_room),
     "sriov-nic": _sriov,
+    "sriov-novfs": partial(_sriov, vfs=0),
     "amd-mi300x": _amd_mi300x,
     "empty": _empty,
 }
@@ -348,8 +399,11 @@ def scratch_dir() -> tempfile.TemporaryDirectory[str]:
     return tempfile.TemporaryDirectory(prefix="dra-agent-sim-", dir=scratch_parent())
 
 
-def simulated_sources(profile: str, workdir: Path) -> Sources:
+def simulated_sources(profile: str, workdir: Path, mig_state: Path | None = None) -> Sources:
     """Generate ``profile`` under ``workdir`` ({sys,proc,dev}) and return its Sources.
+
+    ``mig_state``: a file the NVML fake keeps its MIG instances in, so they outlive the
+    process like a real GPU's (``FakeNvml.state_path``).
 
     A work directory is only ever cleared when it holds a previous simulation (marker file),
     so a mistyped path never deletes anything else.
@@ -378,9 +432,10 @@ def simulated_sources(profile: str, workdir: Path) -> Sources:
     touch_nodes(dev, node.dev_nodes)
     return Sources(
         sysfs_root=workdir / "sys",
-        gpu=FakeNvml(node.gpus, driver=node.driver),
+        gpu=FakeNvml(node.gpus, driver=node.driver, state_path=mig_state),
         dev_root=dev,
         routes=ProcRoutes(workdir / "proc"),
         proc_root=workdir / "proc",
         label=f"simulated {profile}",
+        sriov=SimulatedSriov(workdir / "sys"),
     )

@@ -153,7 +153,8 @@ def test_shared_counters_limit_partitions():
     assert not r.fits
     assert reason(r, "m", "gpu-0-mig-0").code == "allocated"
     assert reason(r, "m", "gpu-0-mig-1") is None
-    assert reason(r, "m", "gpu-0-mig-2").message == "counter gpu-0/memory: needs 20Gi, 0 left"
+    assert reason(r, "m", "gpu-0-mig-2").message == (
+        "counter gpu-0/memory: needs 20Gi, 0 left (taken by gpu-0-mig-0, gpu-0-mig-1)")
 
 
 def test_only_the_newest_complete_generation_counts():

@@ -1,0 +1,167 @@
+"""VFs on demand at prepare (``--vfs dynamic``): a claim allocated a candidate VF of a PF
+that has no VFs gets them made, all at once, then the VF as the kernel made it.
+
+Pre-size on first use (``discovery.vfs`` says why): the first such prepare writes the PF's
+TotalVFs to ``sriov_numvfs``; the VF count is never changed again by the agent, so nothing
+needs undoing: a failed prepare or an unprepare leaves the VFs idle for the next claim, and a
+crash between the write and the checkpoint leaves nothing half-made (the write is the whole
+step, and repeating it is a no-op).
+
+A claim's ``vf.driver`` (``netdev``: the PF's kernel driver, or ``vfio-pci``) binds the VF to
+that driver before it is handed out (driver_override, unbind, drivers_probe); the driver it
+had is kept in the record and restored at unprepare, and the VF's MAC (what a pod set) is
+unset on its PF, so the VF goes back to the pool as it was. Without ``vf.driver`` the VF is
+handed out as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from agent.checkpoint.model import ClaimRecord
+from agent.claim.model import ClaimError, ClaimRef
+from agent.prepare.devices import SpecDevice
+from discovery.model import Device, DeviceType, Inventory
+from discovery.vfs import EXTRA_CANDIDATE, EXTRA_TOTAL, SriovControl, SriovError
+
+log = logging.getLogger(__name__)
+
+#: PreparedDevice.extra: the driver a VF had before the claim's ``vf.driver`` rebound it.
+RESTORE = "vfRestoreDriver"
+#: PreparedDevice.extra: {"pf", "index"} of a VF whose MAC unprepare unsets.
+MAC = "vfMacReset"
+
+
+class VfError(ClaimError):
+    """The VF of a claim could not be made; names the device, its PF and the kernel's cause."""
+
+    reason = "sriov"
+
+
+def candidate_index(device: Device) -> int | None:
+    if device.type != DeviceType.VF or EXTRA_CANDIDATE not in device.host.extra:
+        return None
+    return int(device.host.extra[EXTRA_CANDIDATE])
+
+
+class VfProvisioner:
+    """Makes a PF's VFs when a claim first needs one; ``rescan`` reads the node again (the
+    VF's interface, driver and IOMMU group exist only once the kernel made it)."""
+
+    def __init__(self, control: SriovControl, rescan: Callable[[], Inventory]) -> None:
+        self.control = control
+        self.rescan = rescan
+        self._lock = threading.Lock()
+
+    def prepare(self, ref: ClaimRef, record: ClaimRecord, devices: Sequence[SpecDevice]
+                ) -> tuple[ClaimRecord, list[SpecDevice]]:
+        """Make the VFs candidates need, bind what ``vf.driver`` asks, then read them back
+        (one rescan); the record names the driver each rebound VF goes back to."""
+        record = _with_mac_reset(record, devices)
+        affected = []
+        for i, item in enumerate(devices):
+            index = candidate_index(item.device)
+            if index is None and item.vf_driver is None:
+                continue
+            if index is not None:
+                self._ensure(str(ref), item.device, item.device.host.parent_pf or "", index)
+            affected.append(i)
+        if not affected:
+            return record, list(devices)
+        restore: dict[str, str] = {}
+        for i in affected:  # after every VF exists: a candidate's address is its VF's
+            item = devices[i]
+            if item.vf_driver is not None:
+                before = self._bind(str(ref), item.device.name, item.device.host.pci_address
+                                    or "", item.device.host.parent_pf or "", item.vf_driver)
+                if before is not None:
+                    restore[item.device.name] = before
+        fresh = self.rescan().by_name()
+        out = list(devices)
+        for i in affected:
+            item = devices[i]
+            made = fresh.get(item.device.name)
+            if made is None or made.host.parent_pf != item.device.host.parent_pf:
+                raise VfError(str(ref), f"device {item.device.name}: VF of PF "
+                                        f"{item.device.host.parent_pf} not found after the VFs "
+                                        "were created")
+            out[i] = replace(item, device=made)
+        if restore:
+            record = replace(record, devices=tuple(
+                replace(d, extra={**d.extra, RESTORE: restore[d.device]})
+                if d.device in restore else d for d in record.devices))
+        return record, out
+
+    def _bind(self, claim: str, name: str, vf: str, pf: str, wanted: str) -> str | None:
+        """Bind ``vf`` as ``wanted`` (netdev: the PF's driver); the driver it had, or None
+        when it already had the wanted one."""
+        try:
+            target = wanted if wanted != "netdev" else self.control.driver(pf)
+            if target is None:
+                raise SriovError(f"PF {pf} has no driver to bind its VF {vf} to")
+            current = self.control.driver(vf)
+            if current == target:
+                return None
+            self.control.bind(vf, target)
+        except SriovError as err:
+            raise VfError(claim, f"device {name}: {err}") from err
+        log.info("VF driver bound", extra={"claim": claim, "device": name, "driver": target,
+                                           "was": current or "none"})
+        return current or ""
+
+    def release(self, claim: str, record: ClaimRecord | None) -> None:
+        """Unset the claim's VFs' MACs and give rebound VFs back their driver, so each goes
+        back to the pool as it was; VfError (the kubelet retries) on failure."""
+        for held in record.devices if record is not None else ():
+            mac = held.extra.get(MAC)
+            if isinstance(mac, dict) and isinstance(mac.get("pf"), str) \
+                    and isinstance(mac.get("index"), int):
+                try:
+                    self.control.reset_vf_mac(mac["pf"], mac["index"])
+                except SriovError as err:
+                    raise VfError(claim, f"device {held.device}: {err}") from err
+            before = held.extra.get(RESTORE)
+            if not isinstance(before, str) or not before or not held.pci_address:
+                continue
+            try:
+                self.control.bind(held.pci_address, before)
+            except SriovError as err:
+                raise VfError(claim, f"device {held.device}: giving it back to {before}: "
+                                     f"{err}") from err
+            log.info("VF driver restored", extra={"claim": claim, "device": held.device,
+                                                  "driver": before})
+
+    def _ensure(self, claim: str, device: Device, pf: str, index: int) -> None:
+        total = int(device.host.extra.get(EXTRA_TOTAL, "0"))
+        with self._lock:
+            try:
+                current = self.control.num_vfs(pf)
+                if current == 0:
+                    self.control.set_num_vfs(pf, total)
+                    log.info("created the VFs of a PF", extra={
+                        "claim": claim, "device": device.name, "pf": pf, "vfs": total})
+                elif index >= current:
+                    raise VfError(claim, f"device {device.name}: PF {pf} has {current} VFs, not "
+                                         f"VF {index}, and the kernel changes the VF count only "
+                                         "from 0; set sriov_numvfs to 0 when no VF is in use")
+            except SriovError as err:
+                raise VfError(claim, f"device {device.name}: {err}") from err
+
+
+def _with_mac_reset(record: ClaimRecord, devices: Sequence[SpecDevice]) -> ClaimRecord:
+    """The record naming, for each VF of the claim, the PF and index unprepare resets."""
+    marks: dict[str, dict[str, object]] = {}
+    for item in devices:
+        d = item.device
+        index = d.attributes.get("vfIndex")
+        if d.type == DeviceType.VF and d.host.parent_pf and isinstance(index, int) \
+                and not isinstance(index, bool):
+            marks[d.name] = {"pf": d.host.parent_pf, "index": index}
+    if not marks:
+        return record
+    return replace(record, devices=tuple(
+        replace(h, extra={**h.extra, MAC: marks[h.device]}) if h.device in marks else h
+        for h in record.devices))

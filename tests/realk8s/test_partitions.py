@@ -1,0 +1,124 @@
+"""--mig dynamic and --vfs dynamic against the real kube-apiserver and the scheduler's own
+allocator: the server stores the counter slices and every consumesCounters as sent, and the
+allocator (k8s.io/dynamic-resource-allocation/structured) and ``dra-agent explain`` agree on
+what partitions fit (two 3g of one GPU, no 4g beside them) and which VFs-to-be they pick.
+
+DRAPartitionableDevices is beta (on) from 1.36; the 1.35 server and allocator get the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+from tests.e2e.harness import DRIVER
+from tests.realk8s.agent import wait_settled
+from tests.realk8s.cluster import RESOURCE, RealCluster, bin_dir
+from tests.realk8s.conftest import StartAgent, StartCluster
+
+GATE = "DRAPartitionableDevices=true"
+MIG_CLASS = f"mig.{DRIVER}"
+
+
+def mig_claim(cluster: RealCluster, name: str, profile: str, count: int) -> dict[str, Any]:
+    expr = (f"device.attributes['{DRIVER}'].profile == '{profile}' && "
+            f"device.attributes['{DRIVER}'].parentMinor == 0")
+    return cluster.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+            "deviceClassName": MIG_CLASS, "count": count,
+            "selectors": [{"cel": {"expression": expr}}]}}]}},
+    })
+
+
+def allocate(minor: str, doc: dict[str, Any]) -> dict[str, Any]:
+    gates = [] if minor >= "1.36" else [f"-feature-gates={GATE}"]
+    out = subprocess.run([str(bin_dir(minor) / "allocate"), *gates], input=json.dumps(doc),
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    answer: dict[str, Any] = json.loads(out.stdout)
+    return answer
+
+
+def test_partition_slices_are_stored_and_allocator_and_explain_agree(
+    minor: str, cluster: RealCluster, start_cluster: StartCluster, start_agent: StartAgent,
+) -> None:
+    from agent.explain import explain
+
+    real = cluster if minor >= "1.36" else start_cluster("--feature-gates", GATE)
+    if real is not cluster:
+        real.apply_deploy("base")
+    node = "node-mig"
+    real.ensure_node(node)
+    agent = start_agent(real.agent_kubeconfig(node), node, "--mig", "dynamic",
+                        profile="dgx-h100-mig")
+    wait_settled(real, node, agent)
+    slices = real.slices(node)
+    assert "dropped" not in agent.logs() and "DRAPartitionableDevices" not in agent.logs()
+    sets = [c["name"] for s in slices for c in s["spec"].get("sharedCounters") or ()]
+    assert sorted(sets) == sorted(f"gpu-{i}-mig" for i in range(6))
+    devices = {d["name"]: d for s in slices for d in s["spec"].get("devices") or ()}
+    consumed = devices["gpu-0-mig-3g40gb-4"]["consumesCounters"]
+    assert consumed[0]["counterSet"] == "gpu-0-mig"
+    assert set(consumed[0]["counters"]) >= {f"memory-slice-{i}" for i in range(4, 8)}
+
+    classes = real.admin.request("GET", f"{RESOURCE}/v1/deviceclasses").json()["items"]
+    two = mig_claim(real, "two-3g", "3g.40gb", 2)
+    answer = allocate(minor, {"node": node, "claims": [two], "deviceClasses": classes,
+                              "resourceSlices": slices})
+    assert answer.get("unschedulable") is not True, answer
+    theirs = sorted(r["device"] for r in
+                    answer["allocations"][two["metadata"]["uid"]]["devices"]["results"])
+    assert theirs == ["gpu-0-mig-3g40gb-0", "gpu-0-mig-3g40gb-4"]
+    kwargs: dict[str, Any] = {"kubernetes_version": minor, "feature_gates": GATE}
+    ours = explain(two, classes, slices, node, **kwargs)
+    assert ours.fits and ours.allocation is not None
+    assert sorted(r["device"] for r in ours.allocation["devices"]["results"]) == theirs
+
+    # With both 3g held, a 4g on that GPU overlaps them: neither places it.
+    held = [{"driver": DRIVER, "pool": node, "device": d} for d in theirs]
+    four = mig_claim(real, "one-4g", "4g.40gb", 1)
+    answer = allocate(minor, {"node": node, "claims": [four], "deviceClasses": classes,
+                              "resourceSlices": slices, "allocatedDevices": held})
+    assert answer.get("unschedulable") is True, answer
+    allocated = dict(two, status={"allocation": ours.allocation})
+    assert not explain(four, classes, slices, node, allocated=[allocated], **kwargs).fits
+
+
+def test_candidate_vf_slices_are_stored_and_allocator_and_explain_agree(
+    minor: str, cluster: RealCluster, start_cluster: StartCluster, start_agent: StartAgent,
+) -> None:
+    from agent.explain import explain
+
+    real = cluster if minor >= "1.36" else start_cluster("--feature-gates", GATE)
+    if real is not cluster:
+        real.apply_deploy("base")
+    node = "node-vfs"
+    real.ensure_node(node)
+    agent = start_agent(real.agent_kubeconfig(node), node, "--vfs", "dynamic",
+                        profile="sriov-novfs")
+    wait_settled(real, node, agent)
+    slices = real.slices(node)
+    candidates = [d for s in slices for d in s["spec"].get("devices") or ()
+                  if d.get("consumesCounters")]
+    assert len(candidates) == 128
+    assert all(len(s["spec"].get("devices") or ()) <= 64 for s in slices)
+    classes = real.admin.request("GET", f"{RESOURCE}/v1/deviceclasses").json()["items"]
+    claim = real.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "three-vfs", "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "vf", "exactly": {
+            "deviceClassName": f"vf.{DRIVER}", "count": 3,
+            "selectors": [{"cel": {"expression":
+                           f"device.attributes['{DRIVER}'].parentPF == '0000:3b:00.1'"}}]}}]}},
+    })
+    answer = allocate(minor, {"node": node, "claims": [claim], "deviceClasses": classes,
+                              "resourceSlices": slices})
+    theirs = sorted(r["device"] for r in
+                    answer["allocations"][claim["metadata"]["uid"]]["devices"]["results"])
+    ours = explain(claim, classes, slices, node, kubernetes_version=minor, feature_gates=GATE)
+    assert ours.fits and ours.allocation is not None
+    assert sorted(r["device"] for r in ours.allocation["devices"]["results"]) == theirs
+    assert len(theirs) == 3
