@@ -6,6 +6,9 @@ Each module exposes ``run(quick: bool) -> list[Figure]`` and can also be run on 
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -45,3 +48,13 @@ def compiled() -> None:
 
     subprocess.run([sys.executable, "-m", "compileall", "-q", "agent", "cdi", "discovery",
                     "protos"], check=True, cwd=Path(__file__).resolve().parents[2], timeout=300)
+
+
+def median_ms(func: Callable[[], object], runs: int) -> float:
+    """The median of ``runs`` timed calls of ``func``, in milliseconds."""
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        func()
+        samples.append((time.perf_counter() - start) * 1000)
+    return statistics.median(samples)

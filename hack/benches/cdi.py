@@ -10,16 +10,13 @@ is the first claim after start-up or a driver upgrade (a new provider each time)
 from __future__ import annotations
 
 import json
-import statistics
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from cdi.edits import EditsProvider
 from cdi.spec import CDIDevice, Spec
 from discovery.model import Device, DeviceType, HostInfo
-from hack.benches import Figure
+from hack.benches import Figure, median_ms
 from tests.cdi.fakeroot import FakeHost
 
 KIND = "k8s.dra-agent.io/claim"
@@ -43,14 +40,6 @@ def _claim_spec(provider: EditsProvider, devices: list[Device]) -> bytes:
     spec.validate()
     return json.dumps(spec.to_dict(), indent=2).encode()
 
-
-def _median_ms(fn: Callable[[], object], rounds: int) -> float:
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples)
 
 
 def _host(base: Path, hook: str | None) -> FakeHost:
@@ -78,12 +67,12 @@ def run(quick: bool) -> list[Figure]:
             for count in (1, 8):
                 devices = _gpus(count)
                 _claim_spec(warm, devices)  # fill the cache
-                value = _median_ms(lambda w=warm, d=devices: _claim_spec(w, d), rounds)
+                value = median_ms(lambda w=warm, d=devices: _claim_spec(w, d), rounds)
                 figures.append(Figure(
                     f"cdi claim spec, {count} GPU(s), warm cache, {label}, median",
                     value, "ms", "<= 2 ms", value <= 2.0))  # fmt: skip
             cold_rounds = 5 if quick else 30
-            value = _median_ms(lambda: provider().common_edits_for(_gpus(1)), cold_rounds)
+            value = median_ms(lambda: provider().common_edits_for(_gpus(1)), cold_rounds)
             figures.append(Figure(f"cdi cold driver discovery, {label}, median", value, "ms"))
     return figures
 

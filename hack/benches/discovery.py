@@ -6,8 +6,6 @@ printed, without goals: profile generation and the 130-device sriov-nic scan.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +13,7 @@ from discovery.hotplug import HotplugWatcher
 from discovery.scan import DiscoveryOptions, discover
 from discovery.simulate import scratch_dir, simulated_sources
 from discovery.sources import Sources
-from hack.benches import Figure
+from hack.benches import Figure, median_ms
 
 
 class _NoEvents:
@@ -25,14 +23,6 @@ class _NoEvents:
     def close(self) -> None:
         return None
 
-
-def _median_ms(func: Callable[[], object], runs: int) -> float:
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        func()
-        samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples)
 
 
 def _fresh(workdir: Path, profile: str) -> Callable[[], Sources]:
@@ -50,24 +40,24 @@ def run(quick: bool) -> list[Figure]:
     figures: list[Figure] = []
     with scratch_dir() as tmp:
         root = Path(tmp)
-        gen = _median_ms(lambda: simulated_sources("dgx-h100", root / "gen"), 3 if quick else 9)
+        gen = median_ms(lambda: simulated_sources("dgx-h100", root / "gen"), 3 if quick else 9)
         figures.append(Figure("simulated dgx-h100 profile generation, median", gen, "ms"))
 
         make = _fresh(root / "h100", "dgx-h100")
         options = DiscoveryOptions()
-        full = _median_ms(lambda: discover(make(), options), runs)
+        full = median_ms(lambda: discover(make(), options), runs)
         figures.append(Figure("discovery dgx-h100 full, median", full, "ms", "<= 50 ms",
                               full <= 50))
 
         sources = make()
         watcher = HotplugWatcher(sources, options, lambda inv: None, _NoEvents(),
                                  initial=discover(sources, options))
-        rescan = _median_ms(lambda: watcher.rescan("bench"), runs)
+        rescan = median_ms(lambda: watcher.rescan("bench"), runs)
         figures.append(Figure("discovery dgx-h100 rescan, no change, median", rescan, "ms",
                               "<= 20 ms", rescan <= 20))
 
         sriov = _fresh(root / "sriov", "sriov-nic")
-        big = _median_ms(lambda: discover(sriov(), options), max(3, runs // 3))
+        big = median_ms(lambda: discover(sriov(), options), max(3, runs // 3))
         figures.append(Figure("discovery sriov-nic full (130 devices), median", big, "ms"))
     return figures
 

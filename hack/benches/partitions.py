@@ -16,7 +16,6 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +28,12 @@ from discovery.pools import build_resources
 from discovery.scan import DiscoveryOptions, discover
 from discovery.simulate import scratch_dir, simulated_sources
 from discovery.sources import Sources
-from hack.benches import Figure, percentile
+from hack.benches import Figure, median_ms, percentile
 
 DRIVER = "dra-agent.io"
 NODE = "bench-node"
 PARTITIONS = ["gpu-0-mig-1g10gb-0", "gpu-1-mig-3g40gb-4", "gpu-2-mig-7g80gb-0"]
 
-
-def _median_ms(func: Callable[[], object], runs: int) -> float:
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        func()
-        samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples)
 
 
 def _claim(name: str, device: str) -> dict[str, Any]:
@@ -63,7 +54,7 @@ def _discovery(root: Path, runs: int) -> list[Figure]:
     def fresh() -> Sources:
         return Sources(base.sysfs_root, base.gpu, base.dev_root, base.routes, base.proc_root)
 
-    full = _median_ms(lambda: discover(fresh(), options), runs)
+    full = median_ms(lambda: discover(fresh(), options), runs)
     inventory = discover(fresh(), options)
     pool = build_resources(inventory, NODE).pools[NODE]
     problems = validate_pool(DRIVER, NODE, pool)
