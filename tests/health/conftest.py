@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,16 @@ class Node:
         return lambda: self.inventory
 
     def set_carrier(self, if_name: str, up: bool) -> None:
+        """The link goes down or up as the kernel shows it: each file replaced whole (a
+        reader never sees one half-written, as write_text's truncate would let it), and the
+        one the probe decides on (carrier) written after operstate when going down."""
         base = self.sys / "class/net" / if_name
-        (base / "carrier").write_text("1\n" if up else "0\n")
-        (base / "operstate").write_text("up\n" if up else "down\n")
+        order = [("carrier", "1"), ("operstate", "up")] if up else [
+            ("operstate", "down"), ("carrier", "0")]
+        for name, value in order:
+            tmp = base / f".{name}.new"
+            tmp.write_text(value + "\n")
+            os.replace(tmp, base / name)
 
     def set_port(self, rdma: str, state: str, port: int = 1) -> None:
         (self.sys / "class/infiniband" / rdma / "ports" / str(port) / "state").write_text(state)
