@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -286,6 +286,20 @@ class CheckpointData:
 
     def with_claims(self, claims: Mapping[str, ClaimRecord]) -> CheckpointData:
         return replace(self, claims=claims)
+
+
+def holders(
+    claims: Mapping[str, ClaimRecord], pool: str, device: str, *, besides: str
+) -> Iterator[tuple[ClaimRecord, PreparedDevice]]:
+    """Each prepared entry of ``pool/device`` in the records of claims other than the UID
+    ``besides``, with its record: what every check of a device against the other claims
+    (taken, shares' capacity, one time slice per GPU) walks."""
+    for record in claims.values():
+        if record.uid == besides:
+            continue
+        for held in record.devices:
+            if (held.pool, held.device) == (pool, device):
+                yield record, held
 
 
 def checksum(document: Mapping[str, Any]) -> str:

@@ -31,7 +31,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Protocol
 
-from agent.checkpoint.model import ClaimRecord, PreparedDevice
+from agent.checkpoint.model import ClaimRecord, PreparedDevice, holders
 from agent.claim.model import ClaimError, ClaimRef
 from agent.claim.opaque import TIME_SLICES
 from agent.common.quantity import QuantityError, parse_quantity
@@ -144,20 +144,15 @@ def check_time_slices(
     for mine in prepared:
         if mine.time_slice is None:
             continue
-        for other in claims.values():
-            if other.uid == ref.uid:
-                continue
-            for held in other.devices:
-                if (held.pool, held.device) != (mine.pool, mine.device):
-                    continue
-                if held.time_slice is not None and held.time_slice != mine.time_slice:
-                    raise TimeSliceError(
-                        str(ref),
-                        f"device {mine.pool}/{mine.device} runs with time slice "
-                        f"{held.time_slice} for claim {other.namespace}/{other.name}; this "
-                        f"claim asks for {mine.time_slice} and a GPU has one interval; ask "
-                        f"for {held.time_slice} or none",
-                    )
+        for other, held in holders(claims, mine.pool, mine.device, besides=ref.uid):
+            if held.time_slice is not None and held.time_slice != mine.time_slice:
+                raise TimeSliceError(
+                    str(ref),
+                    f"device {mine.pool}/{mine.device} runs with time slice "
+                    f"{held.time_slice} for claim {other.namespace}/{other.name}; this "
+                    f"claim asks for {mine.time_slice} and a GPU has one interval; ask "
+                    f"for {held.time_slice} or none",
+                )
 
 
 def apply_time_slices(ref: ClaimRef, devices: Sequence[SpecDevice],
@@ -188,8 +183,8 @@ def release_time_slices(
     for held in record.devices:
         if held.time_slice is None or held.time_slice == DEFAULT_TIME_SLICE:
             continue
-        still = any(d.time_slice is not None and (d.pool, d.device) == (held.pool, held.device)
-                    for r in remaining.values() for d in r.devices)
+        still = any(d.time_slice is not None for _, d in
+                    holders(remaining, held.pool, held.device, besides=record.uid))
         device = inventory.get(held.device)
         if still or control is None or device is None or device.host.uuid is None:
             continue

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 
-from agent.checkpoint.model import ClaimRecord, PreparedDevice
+from agent.checkpoint.model import ClaimRecord, PreparedDevice, holders
 from agent.claim.model import AllocatedDevice, ClaimRef
 from agent.common.quantity import QuantityError, format_quantity, parse_quantity
 from agent.prepare.errors import CapacityExceededError, NotShareableError
@@ -49,18 +49,14 @@ def _held(
     """Capacity held by the shares other claims have prepared on ``device``, and by how many
     claims."""
     held: dict[str, Fraction] = defaultdict(Fraction)
-    holders = 0
-    for other in claims.values():
-        if other.uid == uid:
+    claims_holding: set[str] = set()
+    for other, share in holders(claims, pool, device.name, besides=uid):
+        if not share.share_id:
             continue
-        shares = [d for d in other.devices
-                  if (d.pool, d.device) == (pool, device.name) and d.share_id]
-        if shares:
-            holders += 1
-        for share in shares:
-            for name, amount in consumed_by(device, share.consumed).items():
-                held[name] += amount
-    return held, holders
+        claims_holding.add(other.uid)
+        for name, amount in consumed_by(device, share.consumed).items():
+            held[name] += amount
+    return held, len(claims_holding)
 
 
 def check_shares(

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.checkpoint.model import ClaimRecord, ClaimState, PreparedDevice
+from agent.checkpoint.model import ClaimRecord, ClaimState, PreparedDevice, holders
 from agent.checkpoint.store import CheckpointStore, CheckpointWriteError
 from agent.claim.model import (
     AllocatedDevice,
@@ -355,20 +355,15 @@ class DevicePreparer:
         for result in results:
             if result.admin_access:
                 continue
-            for other in claims.values():
-                if other.uid == ref.uid:
+            for other, held in holders(claims, result.pool, result.device, besides=ref.uid):
+                if held.admin_access or (result.share_id and held.share_id):
                     continue
-                for held in other.devices:
-                    if (held.pool, held.device) != (result.pool, result.device):
-                        continue
-                    if held.admin_access or (result.share_id and held.share_id):
-                        continue
-                    owner = f"{other.namespace}/{other.name} ({other.uid})"
-                    raise DeviceTakenError(
-                        str(ref),
-                        f"device {result.pool}/{result.device} is already prepared for claim "
-                        f"{owner}; it is released when the pods using that claim are gone",
-                    )
+                owner = f"{other.namespace}/{other.name} ({other.uid})"
+                raise DeviceTakenError(
+                    str(ref),
+                    f"device {result.pool}/{result.device} is already prepared for claim "
+                    f"{owner}; it is released when the pods using that claim are gone",
+                )
 
     def write_spec(self, ref: ClaimRef, devices: Sequence[SpecDevice]) -> None:
         env = (
