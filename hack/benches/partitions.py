@@ -19,9 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agent.common.metrics import Metrics
-from agent.plugin import PluginOptions, PluginServer
-from agent.prepare import EnvOnlyEdits
+from agent.plugin import PluginServer
 from agent.prepare.partitions import MigPartitions, owned_instances
 from agent.slices.validate import validate_pool
 from discovery.pools import build_resources
@@ -29,6 +27,7 @@ from discovery.scan import DiscoveryOptions, discover
 from discovery.simulate import scratch_dir, simulated_sources
 from discovery.sources import Sources
 from hack.benches import Figure, median_ms, percentile
+from hack.benches.plugin import served
 
 DRIVER = "dra-agent.io"
 NODE = "bench-node"
@@ -73,12 +72,9 @@ def _discovery(root: Path, runs: int) -> list[Figure]:
 def _prepare(root: Path, rounds: int) -> list[Figure]:
     from tests.fakes.apiserver import FakeAPIServer
     from tests.fakes.kubelet import ClaimRef as KubeletRef
-    from tests.fakes.kubelet import KubeletStandIn
 
     sources = simulated_sources("dgx-h100-mig", root / "sim")
     assert sources.gpu is not None
-    boot = root / "boot_id"
-    boot.write_text("bench\n")
     server: PluginServer | None = None
 
     def owned() -> frozenset[tuple[str, int, int]]:
@@ -87,31 +83,22 @@ def _prepare(root: Path, rounds: int) -> list[Figure]:
     inventory = discover(sources, DiscoveryOptions(mig="dynamic", mig_owned=owned))
     gpu: list[float] = []
     mig: list[float] = []
-    with FakeAPIServer() as srv:
-        options = PluginOptions(driver_name=DRIVER, node_name=NODE,
-                                kubelet_dir=root / "kubelet", cdi_dir=root / "cdi",
-                                boot_id_path=boot)
-        server = PluginServer(options, srv.api_client(), lambda: inventory, EnvOnlyEdits(),
-                              Metrics(), partitions=MigPartitions(sources.gpu))
-        server.start()
-        kubelet = KubeletStandIn(options.kubelet_dir / "plugins_registry").start()
-        try:
-            kubelet.wait_registered(DRIVER)
-            for i in range(rounds + 5):
-                for device, out in (("gpu-6", gpu), (PARTITIONS[i % len(PARTITIONS)], mig)):
-                    claim = srv.put_object(_claim(f"c{i}-{device}", device))
-                    m = claim["metadata"]
-                    ref = KubeletRef(namespace=m["namespace"], name=m["name"], uid=m["uid"])
-                    start = time.perf_counter()
-                    answer = kubelet.prepare(DRIVER, [ref])[ref.uid]
-                    took = (time.perf_counter() - start) * 1000
-                    assert answer.ok, answer
-                    kubelet.unprepare(DRIVER, [ref])
-                    if i >= 5:
-                        out.append(took)
-        finally:
-            kubelet.stop()
-            server.stop(0)
+    with (FakeAPIServer() as srv,
+          served(root, lambda: inventory, srv.api_client(),
+                 partitions=MigPartitions(sources.gpu)) as (serving, kubelet)):
+        server = serving  # what owned() reads
+        for i in range(rounds + 5):
+            for device, out in (("gpu-6", gpu), (PARTITIONS[i % len(PARTITIONS)], mig)):
+                claim = srv.put_object(_claim(f"c{i}-{device}", device))
+                m = claim["metadata"]
+                ref = KubeletRef(namespace=m["namespace"], name=m["name"], uid=m["uid"])
+                start = time.perf_counter()
+                answer = kubelet.prepare(DRIVER, [ref])[ref.uid]
+                took = (time.perf_counter() - start) * 1000
+                assert answer.ok, answer
+                kubelet.unprepare(DRIVER, [ref])
+                if i >= 5:
+                    out.append(took)
     g50, m50 = statistics.median(gpu), statistics.median(mig)
     return [
         Figure("plugin prepare exclusive GPU claim (dgx-h100-mig), p50", g50, "ms"),

@@ -19,7 +19,8 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,30 @@ from hack.benches import Figure, percentile
 
 DRIVER = "dra-agent.io"
 NODE = "bench-node"
+
+
+@contextmanager
+def served(root: Path, inventory: Callable[[], Inventory], api_client: Any,
+           max_workers: int = 16, **server_args: Any) -> Iterator[tuple[PluginServer, Any]]:
+    """The plugin on real unix sockets under ``root`` (kubelet dir, CDI dir, boot ID there),
+    registered with the kubelet stand-in: (server, kubelet); both stopped on the way out.
+    The benches that call the plugin through gRPC share it."""
+    from tests.fakes.kubelet import KubeletStandIn
+
+    boot = root / "boot_id"
+    boot.write_text("bench\n")
+    options = PluginOptions(driver_name=DRIVER, node_name=NODE, kubelet_dir=root / "kubelet",
+                            cdi_dir=root / "cdi", boot_id_path=boot, max_workers=max_workers)
+    server = PluginServer(options, api_client, inventory, EnvOnlyEdits(), Metrics(),
+                          **server_args)
+    server.start()
+    kubelet = KubeletStandIn(options.kubelet_dir / "plugins_registry").start()
+    try:
+        kubelet.wait_registered(DRIVER)
+        yield server, kubelet
+    finally:
+        kubelet.stop()
+        server.stop(0)
 
 
 def _claim(name: str, devices: list[str], device_class: str = "gpu") -> dict[str, Any]:
@@ -64,7 +89,6 @@ def _timed(fn: Callable[[], object]) -> float:
 
 def run(quick: bool) -> list[Figure]:
     from tests.fakes.apiserver import FakeAPIServer
-    from tests.fakes.kubelet import KubeletStandIn
 
     rounds = 40 if quick else 200
     callers, per_caller = 16, (5 if quick else 20)
@@ -77,27 +101,13 @@ def run(quick: bool) -> list[Figure]:
     nic = Device(name="nic-0", type=DeviceType.NIC, attributes={"macAddress": "b8:3f:d2:00:00:01"},
                  capacity={}, host=HostInfo(pci_address="0000:c0:00.0", if_name="ens1f0"))
     devices = (*gpus, nic)
-    boot = root / "boot_id"
-    boot.write_text("bench\n")
     figures: list[Figure] = []
     try:
         with FakeAPIServer() as srv:
             api = srv.api_client()
-            options = PluginOptions(
-                driver_name=DRIVER, node_name=NODE, kubelet_dir=root / "kubelet",
-                cdi_dir=root / "cdi", boot_id_path=boot, max_workers=callers,
-            )
-            server = PluginServer(options, api, lambda: Inventory(devices=devices),
-                                  EnvOnlyEdits(), Metrics())
-            server.start()
-            kubelet = KubeletStandIn(options.kubelet_dir / "plugins_registry").start()
-            try:
-                kubelet.wait_registered(DRIVER)
+            with served(root, lambda: Inventory(devices=devices), api, callers) as (_, kubelet):
                 figures += _latency(srv, api, kubelet, root, rounds)
                 figures += _throughput(srv, kubelet, callers, per_caller)
-            finally:
-                kubelet.stop()
-                server.stop(0)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return figures

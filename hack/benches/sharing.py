@@ -21,12 +21,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agent.common.metrics import Metrics
-from agent.plugin import PluginOptions, PluginServer
-from agent.prepare import EnvOnlyEdits
 from discovery.model import Device, DeviceType, HostInfo, Inventory
 from discovery.sharing import parse_sharing, shareable
 from hack.benches import Figure, percentile
+from hack.benches.plugin import served
 
 DRIVER = "dra-agent.io"
 NODE = "bench-node"
@@ -60,7 +58,6 @@ def _ms(start: float) -> float:
 
 def run(quick: bool) -> list[Figure]:
     from tests.fakes.apiserver import FakeAPIServer
-    from tests.fakes.kubelet import KubeletStandIn
 
     rounds = 40 if quick else 200
     root = Path(tempfile.mkdtemp(prefix="ks", dir="/tmp"))
@@ -69,25 +66,12 @@ def run(quick: bool) -> list[Figure]:
     shared, why = shareable(plain[0], parse_sharing(f"gpu=shares:{SHARES}"))
     assert shared is not None, why
     devices = (shared, plain[1])
-    boot = root / "boot_id"
-    boot.write_text("bench\n")
     try:
-        with FakeAPIServer() as srv:
-            options = PluginOptions(
-                driver_name=DRIVER, node_name=NODE, kubelet_dir=root / "kubelet",
-                cdi_dir=root / "cdi", boot_id_path=boot, max_workers=CALLERS,
-            )
-            server = PluginServer(options, srv.api_client(), lambda: Inventory(devices=devices),
-                                  EnvOnlyEdits(), Metrics())
-            server.start()
-            kubelet = KubeletStandIn(options.kubelet_dir / "plugins_registry").start()
-            try:
-                kubelet.wait_registered(DRIVER)
-                figures = _latency(srv, kubelet, rounds)
-                figures += _concurrent(srv, kubelet, options.kubelet_dir)
-            finally:
-                kubelet.stop()
-                server.stop(0)
+        with (FakeAPIServer() as srv,
+              served(root, lambda: Inventory(devices=devices), srv.api_client(),
+                     CALLERS) as (_, kubelet)):
+            figures = _latency(srv, kubelet, rounds)
+            figures += _concurrent(srv, kubelet, root / "kubelet")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return figures
