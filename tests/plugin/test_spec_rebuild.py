@@ -69,9 +69,10 @@ def test_a_vanished_device_is_reported_once_and_start_up_goes_on(node: Node) -> 
     assert all(r.ok for r in node.prepare(gone, kept).values())
     _reboot(node)
     node.inventory = [d for d in node.inventory if d.name != "gpu-5"]
+    since = len(node.kubelet.registrations)  # the stopped instance's registration is not it
     node.server = node.new_server()
     node.server.start()  # does not raise
-    node.kubelet.wait_registered(DRIVER, since=0)
+    node.kubelet.wait_registered(DRIVER, timeout=30, since=since)
     assert not spec_path(node, uid_gone).exists()
     assert spec_path(node, uid_kept).exists()
     errors = node.metrics.registry.get_sample_value(
@@ -91,10 +92,11 @@ def test_records_without_allocation_are_reported_not_fatal(node: Node) -> None:
     _reboot(node)
     node.checkpoint.write_bytes(encode(data.with_claims(
         {uid: replace(data.claims[uid], allocation=None)})))
+    since = len(node.kubelet.registrations)  # the stopped instance's registration is not it
     node.server = node.new_server()
     node.server.start()
     assert node.metrics.registry.get_sample_value(
         "dra_agent_cdi_spec_rebuild_errors_total", {"reason": "no_allocation"}) == 1
-    node.kubelet.wait_registered(DRIVER, since=0)
+    node.kubelet.wait_registered(DRIVER, timeout=30, since=since)
     assert node.prepare(claim)[uid].ok  # the API object still rebuilds it on prepare
     assert spec_path(node, uid).exists()
