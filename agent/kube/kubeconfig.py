@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,19 @@ def load_kubeconfig(
         # Relative paths are relative to the kubeconfig's directory; no "~" expansion (client-go
         # has none: "~/x" is the directory "~" next to the kubeconfig).
         value = section.get(key)
-        return str(base / value) if value else None
+        if not value:
+            return None
+        full = str(base / value)
+        try:
+            # A NUL or an unpaired surrogate (YAML's "\ud800") names no file: open() would
+            # raise ValueError, not OSError.
+            if "\0" in full:
+                raise ValueError
+            os.fsencode(full)
+        except ValueError:
+            raise CredentialsError(source, f"{key} {value!a} is not a usable file "
+                                   "path") from None
+        return full
 
     where_c, where_u = f"cluster {cluster_name!r}", f"user {user_name!r}"
     server = _server_url(str(cluster.get("server") or ""), where_c, source)

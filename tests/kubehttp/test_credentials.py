@@ -88,6 +88,11 @@ def test_basic_auth(tmp_path: Path) -> None:
         ({**SERVER, "proxy-url": "socks5://p:1080"}, {}, "is a SOCKS proxy"),
         (SERVER, {"exec": EXEC}, "uses exec"),
         (SERVER, {"auth-provider": {"name": "oidc"}}, "uses auth-provider"),
+        # Found by the fuzzer: JSON's "\ud800" and a NUL reach open() as ValueError.
+        ({**SERVER, "certificate-authority": "\ud800"}, {}, "is not a usable file path"),
+        (SERVER, {"tokenFile": "tok\x00en"}, "is not a usable file path"),
+        (SERVER, {"client-certificate": "c\udfff", "client-key": "k"},
+         "is not a usable file path"),
     ],
 )
 def test_bad_or_unsupported_kubeconfigs_say_why(
