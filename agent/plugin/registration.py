@@ -74,7 +74,8 @@ class RegistrationServer:
         #: First pause before recreating after a refusal, doubled per consecutive refusal
         #: (capped at ``timeout_s``), so a kubelet that keeps refusing is not hammered.
         self.retry_delay_s = retry_delay_s
-        #: How many times the socket was recreated to provoke a new registration.
+        #: How many times the socket was recreated (and the new one is listening) to provoke
+        #: a new registration.
         self.recreations = 0
         self._status: RegistrationStatus | None = None
         self._server: Any = None
@@ -175,8 +176,10 @@ class RegistrationServer:
                 with self._cond:
                     if self._cond.wait_for(lambda: self._stopping, delay):
                         return
-            self.recreations += 1
             self._shutdown(0)
             with self._cond:
                 self._status = None
             self._listen()
+            # Counted once the new socket answers: a reader seeing the count never reaches
+            # the old one, which stays on disk until _shutdown removes it.
+            self.recreations += 1
