@@ -51,3 +51,11 @@ def test_failures_count_cases_and_tests_once() -> None:
     # Failed with no failing case (memory, stderr): the test itself is the failure.
     assert failed_fuzz_tests([MUTATION_TEST], MUTATION_TEST, 0) == 1
     assert ", 1 failure, " in FuzzReport().line(1)
+
+
+def test_property_tests_draw_the_same_cases_unless_exploring() -> None:
+    from hypothesis import settings
+
+    # tests/conftest.py: CI's draws are fixed; `--hypothesis-profile=explore` draws anew.
+    assert settings.default.derandomize and settings.default.database is None
+    assert not settings.get_profile("explore").derandomize
