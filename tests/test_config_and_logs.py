@@ -67,6 +67,9 @@ def test_unknown_device_type_is_a_usage_error() -> None:
     ("- a list\n", "top level must be a mapping"),
     ("driver: x\n", "unknown key 'driver'; did you mean driver-name?"),
     ("node_name: [unclosed\n", "not valid YAML"),
+    # YAML's escapes make strings no path can hold; they reached open() as ValueError.
+    ('cdi-dir: "\\ud800"\n', "cdi-dir: expected a path"),
+    ('kubelet-dir: "/var/lib/k\\0"\n', "kubelet-dir: expected a path"),
 ])
 def test_bad_config_file_names_the_file(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "bad.yaml"

@@ -124,7 +124,13 @@ def _text(value: Any) -> str:
 
 def _path(value: Any) -> Path:
     text = _text(value)
-    if not text or "\0" in text:
+    try:
+        # A NUL, or an unpaired surrogate from YAML's "\ud800", names no file: the first
+        # open() would raise ValueError deep in the start-up.
+        usable = bool(text) and "\0" not in text and bool(os.fsencode(text))
+    except UnicodeEncodeError:
+        usable = False
+    if not usable:
         raise ValueError("expected a path")
     return Path(text)
 
