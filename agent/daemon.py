@@ -99,6 +99,8 @@ class PollOnlyEvents:
 
 #: ``--simulate`` with ``--mig dynamic``: where the simulated GPUs keep their MIG instances.
 SIMULATED_MIG_STATE = "simulated-mig-instances.json"
+#: ``--simulate``: where the simulated GPUs keep the time slices shares set.
+SIMULATED_GPU_STATE = "simulated-time-slices.json"
 
 
 class Daemon:
@@ -337,7 +339,7 @@ class Daemon:
             return frozenset()
         return owned_instances(CheckpointStore(self.cfg.checkpoint_path).claims())
 
-    def _vf_provisioner(self) -> Any:
+    def _vf_provisioner(self, failpoints: Any) -> Any:
         """--vfs dynamic: makes VFs through the sources' control (the kernel's sysfs, or the
         simulated one), and reads them back with a rescan it also publishes."""
         from agent.prepare.vfs import VfProvisioner
@@ -356,7 +358,8 @@ class Daemon:
             self._publish(inventory)
             return inventory
 
-        return VfProvisioner(sources.sriov or SysfsSriov(sources.sysfs_root), rescan)
+        return VfProvisioner(sources.sriov or SysfsSriov(sources.sysfs_root), rescan,
+                             failpoints)
 
     def _start_plugin(self, api_client: Any) -> None:
         from agent.common.failpoints import FailpointConfigError, Failpoints
@@ -393,7 +396,7 @@ class Daemon:
             from agent.prepare.partitions import MigPartitions
 
             partitions = MigPartitions(self.sources.gpu, failpoints)
-        vfs = self._vf_provisioner() if cfg.vfs == "dynamic" else None
+        vfs = self._vf_provisioner(failpoints) if cfg.vfs == "dynamic" else None
         self.plugin = PluginServer(
             options, api_client, lambda: self.inventory, edits, self.metrics, health_servicer,
             claim_source=None if api_client is not None else NoAPIClaimSource(),
@@ -411,8 +414,8 @@ class Daemon:
         nvidia-smi on a real one (None without it: a share asking for a time slice fails)."""
         from agent.prepare.enforce import NvidiaSmi, RecordingGpuControl, find_nvidia_smi
 
-        if self.cfg.simulate:
-            return RecordingGpuControl()
+        if self.cfg.simulate:  # beside the checkpoint: the GPUs outlive the agent
+            return RecordingGpuControl(self.cfg.plugin_dir / SIMULATED_GPU_STATE)
         binary = find_nvidia_smi(self.options.driver_root)
         return NvidiaSmi(binary) if binary is not None else None
 

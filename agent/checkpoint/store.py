@@ -146,6 +146,8 @@ class CheckpointStore:
         self._lock_fd: int | None = None
         self._cache: CheckpointData | None = None
         self._cache_key: tuple[int, int, int] | None = None
+        #: The cache holds a ``durable=False`` change the file does not have yet.
+        self._unwritten = False
         #: Paths the corrupt files were moved to during this process's life.
         self.corrupt_copies: list[Path] = []
 
@@ -168,14 +170,15 @@ class CheckpointStore:
             data = self._read_locked()
             claims = dict(data.claims)
             result = change(claims)
-            if claims != dict(data.claims):
+            if claims != dict(data.claims) or (durable and self._unwritten):
+                # The second case: a durable write of what only the cache has so far.
                 if durable:
                     self._write_locked(data.with_claims(claims))
                 else:
                     # Not written yet, but every later write encodes it: prove it encodes now
                     # (only the changed records; the rest were encoded when they came in).
                     self._check_encodes(claims, data.claims)
-                    self._cache = data.with_claims(claims)
+                    self._cache, self._unwritten = data.with_claims(claims), True
             return result
 
     # -- internals ------------------------------------------------------------------------
@@ -272,7 +275,7 @@ class CheckpointStore:
             except (OSError, UnsafeFileError, CheckpointCorruptError) as err:
                 data = self._set_aside(err, raw)
                 key = self._key()
-        self._cache, self._cache_key = data, key
+        self._cache, self._cache_key, self._unwritten = data, key, False
         return data
 
     def _set_aside(self, err: Exception, raw: bytes) -> CheckpointData:
@@ -326,10 +329,10 @@ class CheckpointStore:
         try:
             durable_write(self.path, raw)
         except OSError as err:
-            self._cache, self._cache_key = None, None
+            self._cache, self._cache_key, self._unwritten = None, None, False
             raise CheckpointWriteError(self.path, err) from err
         self._metrics.checkpoint_write_duration.observe(time.perf_counter() - start)
-        self._cache, self._cache_key = data, self._key()
+        self._cache, self._cache_key, self._unwritten = data, self._key(), False
 
 
 def _encode_error(uid: str | None, err: Exception) -> ValueError:

@@ -49,6 +49,11 @@ class Point(StrEnum):
     MIG_AFTER_GI_CREATED = "mig-after-gi-created"  # GPU instance made, no compute instance
     MIG_AFTER_IDS_RECORDED = "mig-after-ids-recorded"  # both made, ids in the record (memory)
     MIG_AFTER_DESTROYED = "mig-after-destroyed"  # unprepare destroyed them, record still there
+    # VFs on demand (agent.prepare.vfs).
+    VF_AFTER_INTENT = "vf-after-intent"  # the drivers to restore are recorded, none rebound
+    VF_AFTER_BOUND = "vf-after-bound"  # the claim's VFs are on their new drivers
+    # Shares (agent.prepare.enforce).
+    TIME_SLICE_AFTER_SET = "time-slice-after-set"  # the GPU's interval set, no spec yet
 
 
 #: Shorter spellings accepted in the variable (the issue's own example uses the first).

@@ -7,7 +7,8 @@ A share (KEP-5075) is a scheduling promise; two knobs make the GPU keep part of 
   --set-timeslice`` does. One GPU has one interval, so a share asking for another interval
   than a prepared share of the same GPU is refused (a per-claim error naming the holder); the
   interval goes back to Default when the last share asking for one is unprepared, and is set
-  again when a spec is rebuilt after a reboot (the driver forgets it).
+  again when a spec is rebuilt after a reboot (the driver forgets it). The checkpoint names it
+  before it is set and until it is reset, so a rollback or start-up after a crash resets it.
 * ``sharing.mps: true``: the containers become clients of the node's MPS control daemon (the
   operator runs ``nvidia-cuda-mps-control -d`` with ``--mps-pipe-dir``), bounded to the
   share's fraction: ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` = consumed shares / all shares of
@@ -21,6 +22,7 @@ vendor, a NIC or an exclusive device either knob is a per-claim error: nothing w
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import subprocess
@@ -85,11 +87,25 @@ class NvidiaSmi:
 
 
 class RecordingGpuControl:
-    """``GpuControl`` of a simulated node: remembers each GPU's interval, changes nothing."""
+    """``GpuControl`` of a simulated node: remembers each GPU's interval, changes nothing.
 
-    def __init__(self) -> None:
+    With ``state`` the intervals are kept in that JSON file, as a GPU keeps its interval when
+    the agent dies: a restarted agent (or a crash test's next process) meets what the dead
+    one set. An unreadable file is an empty GPU state, as after a reboot.
+    """
+
+    def __init__(self, state: Path | None = None) -> None:
         self._lock = threading.Lock()
+        self.state = state
         self.time_slices: dict[str, str] = {}
+        if state is not None:
+            try:
+                loaded = json.loads(state.read_text())
+            except (OSError, ValueError):
+                loaded = {}
+            if isinstance(loaded, dict):
+                self.time_slices = {k: v for k, v in loaded.items()
+                                    if isinstance(k, str) and isinstance(v, str)}
         self.calls: list[tuple[str, str]] = []
         #: uuid -> error to raise (a test's stand-in for a GPU that refuses).
         self.failures: dict[str, str] = {}
@@ -100,6 +116,10 @@ class RecordingGpuControl:
             if uuid in self.failures:
                 raise GpuControlError(self.failures[uuid])
             self.time_slices[uuid] = level
+            if self.state is not None:
+                tmp = self.state.with_name(self.state.name + ".tmp")
+                tmp.write_text(json.dumps(self.time_slices, sort_keys=True))
+                tmp.replace(self.state)
 
 
 def find_nvidia_smi(driver_root: Path) -> Path | None:
@@ -156,8 +176,10 @@ def check_time_slices(
 
 
 def apply_time_slices(ref: ClaimRef, devices: Sequence[SpecDevice],
-                      control: GpuControl | None) -> None:
-    """Set each shared GPU's interval this claim asks for; a refusal is a per-claim error."""
+                      control: GpuControl | None) -> bool:
+    """Set each shared GPU's interval this claim asks for; a refusal is a per-claim error.
+    True when an interval was set."""
+    applied = False
     for item in devices:
         level = item.sharing.time_slice
         if level is None or item.device.host.uuid is None:
@@ -170,8 +192,10 @@ def apply_time_slices(ref: ClaimRef, devices: Sequence[SpecDevice],
         except GpuControlError as err:
             raise TimeSliceError(str(ref), f"device {item.device.name}: setting time slice "
                                            f"{level} failed: {err}") from err
+        applied = True
         log.info("GPU time slice set", extra={"claim": ref.uid, "device": item.device.name,
                                               "time_slice": level})
+    return applied
 
 
 def release_time_slices(

@@ -1,6 +1,7 @@
 """Start-up recovery: finish what a crash or a reboot interrupted, before the plugin serves.
 
-Rolls back prepares that never completed, removes (or, after a corrupt checkpoint, adopts) spec
+Rolls back prepares that never completed (with what they changed on the host: MIG partitions,
+VF drivers, GPU time slices), removes (or, after a corrupt checkpoint, adopts) spec
 files no record explains, removes device metadata files no record explains (kept after a
 corrupt checkpoint), and rebuilds the CDI spec and metadata files of every completed claim
 whose spec or file is lost or from another boot, so running pods' containers restart with
@@ -53,7 +54,9 @@ def recover(preparer: DevicePreparer) -> RecoveryReport:
     preparer.metrics.cdi_spec_corrupt.inc(len(preparer.specs.corrupt_copies) - set_aside)
     rolled_back = [u for u, r in records.items() if r.state is ClaimState.PREPARE_STARTED]
     orphans = [u for u in on_disk if u not in records]
+    remaining = {u: r for u, r in records.items() if u not in rolled_back}
     for uid in rolled_back:
+        _undo_host(preparer, records[uid], remaining)
         preparer.specs.remove(uid)
         preparer.metadata.remove(records[uid])
     adopted: dict[str, ClaimRecord] = {}
@@ -103,6 +106,18 @@ def recover(preparer: DevicePreparer) -> RecoveryReport:
         )
     preparer.update_gauges()
     return report
+
+def _undo_host(preparer: DevicePreparer, record: ClaimRecord,
+               remaining: dict[str, ClaimRecord]) -> None:
+    """Give back the VF drivers and GPU intervals of an interrupted prepare (its partitions
+    were reconciled before). Start-up goes on when that fails: the line says what to do."""
+    try:
+        preparer.undo_host(record.uid, record, partitions=False, remaining=remaining)
+    except Exception as err:  # a refusing VF or no inventory must not keep the plugin down
+        log.error("cannot undo a host change of an interrupted prepare; rebind the VF by "
+                  "hand (driverctl) or reset the GPU's time slice (nvidia-smi compute-policy)",
+                  extra={"claim": record.uid, "error": str(err)})
+
 
 def _rebuild_specs(
     preparer: DevicePreparer,

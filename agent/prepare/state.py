@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -173,11 +173,17 @@ class DevicePreparer:
                     ref, record, spec_devices,
                     lambda r, durable: self.store(ref, put_record(r), durable=durable))
             if self.vfs is not None:
-                record, spec_devices = self.vfs.prepare(ref, record, spec_devices)
+                record, spec_devices = self.vfs.prepare(
+                    ref, record, spec_devices, lambda r: self.store(ref, put_record(r)))
                 made = {d.device.name: d.device for d in spec_devices}
                 record = replace(record, devices=identified(record.devices, self.pool, made))
             self.metadata.write(ref, files)  # first: the spec's mounts name these files
-            apply_time_slices(ref, spec_devices, self.gpu_control)
+            if any(d.sharing.time_slice for d in spec_devices):
+                # On disk before the GPU changes: the PrepareStarted record names each
+                # interval, for the rollback or start-up after a kill -9 to reset.
+                self.store(ref, put_record(record))
+            if apply_time_slices(ref, spec_devices, self.gpu_control):
+                hit(self.failpoints, Point.TIME_SLICE_AFTER_SET, ref.uid)
             if spec_devices:
                 self.write_spec(ref, spec_devices)
             hit(self.failpoints, Point.PREPARE_AFTER_SPEC_WRITTEN, ref.uid)
@@ -185,24 +191,40 @@ class DevicePreparer:
             self.store(ref, lambda claims: claims.__setitem__(ref.uid, done))
             hit(self.failpoints, Point.PREPARE_AFTER_COMPLETED, ref.uid)
         except BaseException:
-            if self._partitions_released(ref):
+            if self._host_released(ref):
                 self._rollback(record)
             raise
         self.update_gauges()
         return done
 
-    def _partitions_released(self, ref: ClaimRef) -> bool:
-        """Destroy what a failed prepare created; False (the PrepareStarted record stays,
-        for start-up to finish) when that fails."""
-        if self.partitions is None:
+    def _host_released(self, ref: ClaimRef) -> bool:
+        """Undo what a failed prepare changed on the host, as its PrepareStarted record
+        names it; False (the record stays, for start-up to finish) when that fails."""
+        record = self.checkpoint.claims().get(ref.uid)
+        if record is None or record.completed:
             return True
         try:
-            self.partitions.release(str(ref), self.checkpoint.claims().get(ref.uid))
+            self.undo_host(str(ref), record)
         except ClaimError as err:
-            log.error("rollback cannot destroy a MIG partition; start-up retries",
-                      extra={"claim": ref.uid, "error": str(err)})
+            log.error("rollback cannot undo what the failed prepare changed on the host; "
+                      "start-up retries", extra={"claim": ref.uid, "error": str(err)})
             return False
         return True
+
+    def undo_host(self, claim: str, record: ClaimRecord, *, partitions: bool = True,
+                  remaining: Mapping[str, ClaimRecord] | None = None) -> None:
+        """Give back what a prepare that never completed changed beyond its files: the MIG
+        partitions it made, the drivers of the VFs it rebound, the GPU intervals it set
+        (unless ``remaining``, the other claims' records, still ask for one). ClaimError
+        when a partition or a VF refuses."""
+        if partitions and self.partitions is not None:
+            self.partitions.release(claim, record)
+        if self.vfs is not None:
+            self.vfs.release(claim, record, restore_only=True)
+        if any(d.time_slice for d in record.devices):
+            release_time_slices(
+                record, self.checkpoint.claims() if remaining is None else remaining,
+                self.inventory().by_name(), self.gpu_control)
 
     def prepare_recorded(self, ref: ClaimRef) -> ClaimRecord | None:
         """Answer a repeated prepare from the checkpoint alone; None when the claim is needed.
@@ -429,13 +451,23 @@ class DevicePreparer:
             hit(self.failpoints, Point.MIG_AFTER_DESTROYED, uid)
         if self.vfs is not None and record is not None:  # rebound VFs get their driver back
             self.vfs.release(str(ref) if ref is not None else uid, record)
+        sliced = record is not None and any(d.time_slice for d in record.devices)
+        if sliced:
+            # While the record is there: a crash after it is gone would leave the interval
+            # set with nothing naming it. Again once it is gone (below): two shares of one
+            # GPU unprepared at once each see the other here.
+            self._release_time_slices(record)
         hit(self.failpoints, Point.UNPREPARE_AFTER_SPEC_REMOVED, uid)
         self.checkpoint.update(lambda claims: claims.pop(uid, None))
-        if record is not None and any(d.time_slice for d in record.devices):
-            release_time_slices(record, self.checkpoint.claims(), self.inventory().by_name(),
-                                self.gpu_control)
+        if sliced:
+            self._release_time_slices(record)
         hit(self.failpoints, Point.UNPREPARE_AFTER_COMPLETED, uid)
         self.update_gauges()
+
+    def _release_time_slices(self, record: ClaimRecord | None) -> None:
+        if record is not None:
+            release_time_slices(record, self.checkpoint.claims(), self.inventory().by_name(),
+                                self.gpu_control)
 
     # -- gauges ---------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from agent.checkpoint.model import ClaimRecord
 from agent.claim.model import ClaimError, ClaimRef
+from agent.common.failpoints import Failpoints, Point, hit
 from agent.prepare.devices import SpecDevice
 from discovery.model import Device, DeviceType, Inventory
 from discovery.vfs import EXTRA_CANDIDATE, EXTRA_TOTAL, SriovControl, SriovError
@@ -51,15 +52,23 @@ class VfProvisioner:
     """Makes a PF's VFs when a claim first needs one; ``rescan`` reads the node again (the
     VF's interface, driver and IOMMU group exist only once the kernel made it)."""
 
-    def __init__(self, control: SriovControl, rescan: Callable[[], Inventory]) -> None:
+    def __init__(self, control: SriovControl, rescan: Callable[[], Inventory],
+                 failpoints: Failpoints | None = None) -> None:
         self.control = control
         self.rescan = rescan
+        self.failpoints = failpoints
         self._lock = threading.Lock()
 
-    def prepare(self, ref: ClaimRef, record: ClaimRecord, devices: Sequence[SpecDevice]
-                ) -> tuple[ClaimRecord, list[SpecDevice]]:
+    def prepare(self, ref: ClaimRef, record: ClaimRecord, devices: Sequence[SpecDevice],
+                save: Callable[[ClaimRecord], None]) -> tuple[ClaimRecord, list[SpecDevice]]:
         """Make the VFs candidates need, bind what ``vf.driver`` asks, then read them back
-        (one rescan); the record names the driver each rebound VF goes back to."""
+        (one rescan); the record names the driver each rebound VF goes back to.
+
+        That record is handed to ``save`` (the PrepareStarted record, written to the
+        checkpoint) before the first bind, so a prepare that fails or dies after it is undone
+        by the rollback or by start-up (``release(restore_only=True)``). One more durable
+        write, for claims that rebind a VF only: the bind and the driver's probe cost more.
+        """
         record = _with_mac_reset(record, devices)
         affected = []
         for i, item in enumerate(devices):
@@ -71,14 +80,24 @@ class VfProvisioner:
             affected.append(i)
         if not affected:
             return record, list(devices)
-        restore: dict[str, str] = {}
+        binds: dict[str, tuple[str, str, str]] = {}  # device -> (VF, driver, driver before)
         for i in affected:  # after every VF exists: a candidate's address is its VF's
             item = devices[i]
             if item.vf_driver is not None:
-                before = self._bind(str(ref), item.device.name, item.device.host.pci_address
-                                    or "", item.device.host.parent_pf or "", item.vf_driver)
-                if before is not None:
-                    restore[item.device.name] = before
+                vf = item.device.host.pci_address or ""
+                plan = self._plan(str(ref), item.device.name, vf,
+                                  item.device.host.parent_pf or "", item.vf_driver)
+                if plan is not None:
+                    binds[item.device.name] = (vf, *plan)
+        if binds:
+            record = replace(record, devices=tuple(
+                replace(d, extra={**d.extra, RESTORE: binds[d.device][2]})
+                if d.device in binds else d for d in record.devices))
+            save(record)
+            hit(self.failpoints, Point.VF_AFTER_INTENT, record.uid)
+            for name, (vf, target, before) in binds.items():
+                self._bind(str(ref), name, vf, target, before)
+            hit(self.failpoints, Point.VF_AFTER_BOUND, record.uid)
         fresh = self.rescan().by_name()
         out = list(devices)
         for i in affected:
@@ -89,35 +108,41 @@ class VfProvisioner:
                                         f"{item.device.host.parent_pf} not found after the VFs "
                                         "were created")
             out[i] = replace(item, device=made)
-        if restore:
-            record = replace(record, devices=tuple(
-                replace(d, extra={**d.extra, RESTORE: restore[d.device]})
-                if d.device in restore else d for d in record.devices))
         return record, out
 
-    def _bind(self, claim: str, name: str, vf: str, pf: str, wanted: str) -> str | None:
-        """Bind ``vf`` as ``wanted`` (netdev: the PF's driver); the driver it had, or None
-        when it already had the wanted one."""
+    def _plan(self, claim: str, name: str, vf: str, pf: str, wanted: str
+              ) -> tuple[str, str] | None:
+        """(driver to bind ``vf`` to, driver it has now) for ``wanted`` (netdev: the PF's
+        driver); None when it has that driver already."""
         try:
             target = wanted if wanted != "netdev" else self.control.driver(pf)
             if target is None:
                 raise SriovError(f"PF {pf} has no driver to bind its VF {vf} to")
             current = self.control.driver(vf)
-            if current == target:
-                return None
+        except SriovError as err:
+            raise VfError(claim, f"device {name}: {err}") from err
+        return None if current == target else (target, current or "")
+
+    def _bind(self, claim: str, name: str, vf: str, target: str, before: str) -> None:
+        try:
             self.control.bind(vf, target)
         except SriovError as err:
             raise VfError(claim, f"device {name}: {err}") from err
         log.info("VF driver bound", extra={"claim": claim, "device": name, "driver": target,
-                                           "was": current or "none"})
-        return current or ""
+                                           "was": before or "none"})
 
-    def release(self, claim: str, record: ClaimRecord | None) -> None:
+    def release(self, claim: str, record: ClaimRecord | None, restore_only: bool = False
+                ) -> None:
         """Unset the claim's VFs' MACs and give rebound VFs back their driver, so each goes
-        back to the pool as it was; VfError (the kubelet retries) on failure."""
+        back to the pool as it was; VfError (the kubelet retries) on failure.
+
+        ``restore_only``: undoing a prepare that never completed, whose pod never ran (no MAC
+        to unset), perhaps before a bind or a reboot (a VF already on its old driver, or gone
+        with the VFs a reboot drops, needs nothing).
+        """
         for held in record.devices if record is not None else ():
             mac = held.extra.get(MAC)
-            if isinstance(mac, dict) and isinstance(mac.get("pf"), str) \
+            if not restore_only and isinstance(mac, dict) and isinstance(mac.get("pf"), str) \
                     and isinstance(mac.get("index"), int):
                 try:
                     self.control.reset_vf_mac(mac["pf"], mac["index"])
@@ -127,6 +152,9 @@ class VfProvisioner:
             if not isinstance(before, str) or not before or not held.pci_address:
                 continue
             try:
+                if restore_only and (not self.control.exists(held.pci_address)
+                                     or self.control.driver(held.pci_address) == before):
+                    continue
                 self.control.bind(held.pci_address, before)
             except SriovError as err:
                 raise VfError(claim, f"device {held.device}: giving it back to {before}: "

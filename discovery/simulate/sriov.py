@@ -53,6 +53,9 @@ class SimulatedSriov:
             self._make(pf, base, count)
             (base / "sriov_numvfs").write_text(f"{count}\n")
 
+    def exists(self, function: str) -> bool:
+        return self._pf(function).is_dir()
+
     def driver(self, function: str) -> str | None:
         link = self._pf(function) / "driver"
         return os.path.basename(os.readlink(link)) if link.is_symlink() else None

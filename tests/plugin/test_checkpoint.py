@@ -100,6 +100,20 @@ def test_store_update_writes_durably_and_reads_back(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_durable_update_writes_what_an_earlier_non_durable_one_kept(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "checkpoint.json")
+    started = record("u1", state=ClaimState.PREPARE_STARTED)
+    store.update(lambda c: c.__setitem__("u1", started), durable=False)
+    assert not (tmp_path / "checkpoint.json").exists() and store.claims() == {"u1": started}
+    # The same record again, durably (a prepare about to change the host): no change to the
+    # records, but the file must get them.
+    store.update(lambda c: c.__setitem__("u1", started))
+    assert CheckpointStore(tmp_path / "checkpoint.json").claims() == {"u1": started}
+    mtime = (tmp_path / "checkpoint.json").stat().st_mtime_ns
+    store.update(lambda c: c.__setitem__("u1", started))  # now nothing is pending: no write
+    assert (tmp_path / "checkpoint.json").stat().st_mtime_ns == mtime
+
+
 def test_store_sees_writes_of_another_instance(tmp_path: Path) -> None:
     a = CheckpointStore(tmp_path / "checkpoint.json")
     b = CheckpointStore(tmp_path / "checkpoint.json")
