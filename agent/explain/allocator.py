@@ -43,8 +43,18 @@ class TooManyDevicesError(Exception):
     """More than 32 results would be needed: prune like upstream, try fewer-device options."""
 
 
+#: The scheduler's Filter gives up a node's allocation after this long (DRASchedulerFilterTimeout,
+#: on by default since 1.34; the DynamicResources plugin's ``filterTimeout``, 10 s) and the node
+#: is unschedulable for the pod. Identical devices a claim asks for more of than fit (64 VFs, a
+#: link for 4) make the search combinatorial in both allocators.
+FILTER_TIMEOUT_S = 10.0
+#: Devices considered between two looks at the clock (a look costs about what one does).
+_CLOCK_EVERY = 4096
+
+
 class SearchAbortedError(Exception):
-    """The scheduler would stop with an error (runtime CEL error, constraint vs. All mode)."""
+    """The scheduler would stop with an error (runtime CEL error, constraint vs. All mode,
+    its filter timeout)."""
 
     def __init__(self, message: str, key: tuple[int, int] | None = None,
                  device: DeviceID | None = None, reason: Reason | None = None) -> None:
@@ -187,6 +197,10 @@ class Search:
     then: Callable[[], bool] | None = None
     own: set[DeviceID] = field(default_factory=set)
     prefix: str = ""
+    #: ``(clock, deadline, timeout_s)``: the search gives up, as the scheduler's filter does,
+    #: once ``clock()`` passes ``deadline``; None searches to the end.
+    deadline: tuple[Callable[[], float], float, float] | None = None
+    considered: int = 0  # devices looked at, for the deadline
 
     # --- checks shared with the report ----------------------------------------------------
 
@@ -373,6 +387,15 @@ class Search:
     def _capacity_in_use(self, did: DeviceID) -> bool:
         return did in self.state.capacity or did in self.allocating_capacity
 
+    def _check_deadline(self, deadline: tuple[Callable[[], float], float, float]) -> None:
+        clock, at, timeout_s = deadline
+        if clock() > at:
+            raise SearchAbortedError(
+                f"timed out after {timeout_s:g}s: the scheduler's filter gives up this search "
+                f"then and the node is unschedulable for the pod ({self.steps:,} partial "
+                "allocations tried; a claim asking for more identical devices than fit "
+                "tries every combination)")
+
     def run(self) -> bool:
         """Search this claim (and, through ``then``, the pod's later claims)."""
         try:
@@ -427,6 +450,9 @@ class Search:
             undo()
             return False
         for entry in self.entries[start:]:
+            self.considered += 1
+            if self.deadline is not None and self.considered % _CLOCK_EVERY == 0:
+                self._check_deadline(self.deadline)
             did = entry.device.id
             # "In use" is cheap, so upstream checks it before the selectors.
             if (did in self.own if rd.req.admin_access

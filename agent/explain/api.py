@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from agent.explain.allocator import (
+    FILTER_TIMEOUT_S,
     Entry,
     ReqData,
     Search,
@@ -119,6 +120,8 @@ def explain(
     share_ids: Callable[[], str] | None = None,
     feature_gates: Features | Mapping[str, bool] | str | None = None,
     kubernetes_version: str = MODELLED_KUBERNETES,
+    timeout_s: float | None = FILTER_TIMEOUT_S,
+    clock: Callable[[], float] = time.monotonic,
 ) -> ExplainResult:
     """Replay the scheduler's Filter decision for one claim on one node.
 
@@ -126,10 +129,12 @@ def explain(
     itself is skipped if it is among them. Raises InputError for input the API server or the
     scheduler would reject (unknown fields, CEL that does not compile, unknown classes).
     ``feature_gates`` override ``kubernetes_version``'s defaults (see agent.explain.features).
+    ``timeout_s``: the scheduler's filter timeout (None: search to the end), on ``clock``.
     """
     return explain_pod([claim], classes, slices, node_name, allocated, node_labels=node_labels,
                        share_ids=share_ids, feature_gates=feature_gates,
-                       kubernetes_version=kubernetes_version).claims[0]
+                       kubernetes_version=kubernetes_version, timeout_s=timeout_s,
+                       clock=clock).claims[0]
 
 
 def explain_pod(
@@ -143,6 +148,8 @@ def explain_pod(
     share_ids: Callable[[], str] | None = None,
     feature_gates: Features | Mapping[str, bool] | str | None = None,
     kubernetes_version: str = MODELLED_KUBERNETES,
+    timeout_s: float | None = FILTER_TIMEOUT_S,
+    clock: Callable[[], float] = time.monotonic,
 ) -> PodExplainResult:
     """``explain`` for all claims of one pod at once, as the scheduler allocates them: one
     search over the claims in order, backtracking into an earlier claim when a later one does
@@ -165,6 +172,9 @@ def explain_pod(
     state = AllocatedState.build(held)
     node = Node(node_name, dict(node_labels or {"kubernetes.io/hostname": node_name}))
     t_parsed = time.perf_counter()
+    # The scheduler's filter timeout runs from the start of its Filter call: the parsing
+    # here is its informer's work, done before.
+    deadline = None if timeout_s is None else (clock, clock() + timeout_s, timeout_s)
     pools = gather_pools(parsed_slices, node, partitionable=features.partitionable_devices)
     entries = _entries(pools, features)
     env = CelEnv()
@@ -177,6 +187,7 @@ def explain_pod(
         search = Search(c, node, pools, entries, _request_data(c, class_map, env), state, env,
                         [Tracker(k, features.list_type_attributes) for k in c.constraints])
         search.release = behaviour
+        search.deadline = deadline
         if share_ids is not None:
             search.share_ids = share_ids
         if searches:  # what the pod's claims take so far is shared by all of them

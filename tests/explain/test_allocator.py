@@ -1,6 +1,7 @@
 """Allocation semantics on hand-built slices: what the scheduler would pick, and why not."""
 
 import uuid
+from typing import Any
 
 from agent.explain import explain
 from tests.explain.builders import (
@@ -155,6 +156,35 @@ def test_shared_counters_limit_partitions():
     assert reason(r, "m", "gpu-0-mig-1") is None
     assert reason(r, "m", "gpu-0-mig-2").message == (
         "counter gpu-0/memory: needs 20Gi, 0 left (taken by gpu-0-mig-0, gpu-0-mig-1)")
+
+
+def vf_like_slices(count: int = 24) -> list[dict[str, Any]]:
+    """``count`` identical devices, each taking a quarter of one counter: four fit."""
+    counters = [{"name": "link", "counters": {"bandwidth": {"value": "100G"}}}]
+    vfs = []
+    for i in range(count):
+        d = device(f"gpu-{i}", memory=None)
+        d["consumesCounters"] = [{"counterSet": "link",
+                                  "counters": {"bandwidth": {"value": "25G"}}}]
+        vfs.append(d)
+    return [slice_([], name="a-counters", counters=counters, count=2),
+            slice_(vfs, name="b-devices", count=2)]
+
+
+def test_a_search_past_the_filter_timeout_gives_up_as_the_scheduler_does():
+    # Five of 24 where four fit: every 4-subset is tried before the fifth fails (upstream
+    # too, which stops at its 10 s filter timeout). A clock that ticks once per look.
+    ticks = iter(range(10**9))
+    r = explain(claim(exactly("gpu", count=5)), CLASSES, vf_like_slices(), NODE,
+                timeout_s=3, clock=lambda: float(next(ticks)))
+    assert not r.fits and r.error is not None
+    assert r.error.startswith("timed out after 3s: the scheduler's filter gives up this "
+                              "search then and the node is unschedulable for the pod (")
+    assert next(ticks) == 5  # the start, then four looks: gave up at the first one past 3
+    # Without a timeout the same search ends, only later; four fit either way.
+    assert not explain(claim(exactly("gpu", count=5)), CLASSES, vf_like_slices(8), NODE,
+                       timeout_s=None).fits
+    assert explain(claim(exactly("gpu", count=4)), CLASSES, vf_like_slices(), NODE).fits
 
 
 def test_only_the_newest_complete_generation_counts():
