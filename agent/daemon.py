@@ -220,17 +220,14 @@ class Daemon:
 
     def _start(self) -> None:
         from agent import slices
-        from discovery.scan import DiscoveryOptions, discover
+        from discovery.scan import discover
 
         cfg = self.cfg
         # The kubeconfig first: a wrong one is one line and exit 1 before any monitor starts.
         api_client = self._api_client()
         self.notifier.status("discovering devices")
         sources = self.sources = self._sources()
-        discovery_options = DiscoveryOptions(
-            device_types=cfg.device_types, node_addresses=self.options.node_addresses,
-            sharing=cfg.sharing, mig=cfg.mig, mig_owned=self._mig_owned, vfs=cfg.vfs,
-        )
+        discovery_options = self.discovery_options()
         started = time.perf_counter()
         inventory = discover(sources, discovery_options)
         self.metrics.discovery_duration.observe(time.perf_counter() - started)
@@ -327,6 +324,11 @@ class Daemon:
     def _health_changed(self, _health: Mapping[str, Any]) -> None:
         self._publish(self.inventory)
 
+    def discovery_options(self) -> Any:
+        """Every scan's options: the config's, the node's addresses, our MIG instances."""
+        return self.cfg.discovery_options(node_addresses=self.options.node_addresses,
+                                          mig_owned=self._mig_owned)
+
     def _mig_owned(self) -> frozenset[tuple[str, int, int]]:
         """The MIG instances our checkpoint names (--mig dynamic): the plugin's records once it
         runs; before, a look at the checkpoint file, so the first publish already knows."""
@@ -343,15 +345,13 @@ class Daemon:
         """--vfs dynamic: makes VFs through the sources' control (the kernel's sysfs, or the
         simulated one), and reads them back with a rescan it also publishes."""
         from agent.prepare.vfs import VfProvisioner
-        from discovery.scan import DiscoveryOptions, discover
+        from discovery.scan import discover
         from discovery.vfs import SysfsSriov
 
         sources = self.sources
         assert sources is not None
-        options = DiscoveryOptions(
-            device_types=self.cfg.device_types, node_addresses=self.options.node_addresses,
-            mig=self.cfg.mig, mig_owned=self._mig_owned, vfs=self.cfg.vfs,
-        )
+        # The same options as every other scan: this rescan's inventory is published.
+        options = self.discovery_options()
 
         def rescan() -> Inventory:
             inventory = discover(sources, options)

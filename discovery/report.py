@@ -57,6 +57,8 @@ def details(device: Device) -> str:
         parts.append(f"speed={int(device.host.extra['speedMbps']) // 1000}G")
     if "sriovTotalVFs" in a:
         parts.append(f"vfs={a.get('sriovNumVFs')}/{a['sriovTotalVFs']}")
+    if device.type == DeviceType.VF and "bandwidth" in device.capacity:  # --vf-bandwidth
+        parts.append(f"guaranteed={device.capacity['bandwidth']}")
     if device.host.driver == "vfio-pci":
         parts.append(f"vfio-group={device.host.iommu_group}")
     if a.get("partition") is True:

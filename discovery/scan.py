@@ -22,7 +22,7 @@ from discovery.partitions import OwnedKey
 from discovery.sharing import SharingMode, apply_sharing
 from discovery.sources import Sources
 from discovery.sysfs import Sysfs, endpoints_below
-from discovery.vfs import candidates
+from discovery.vfs import candidates, with_bandwidth
 
 log = logging.getLogger("discovery.scan")
 
@@ -59,12 +59,17 @@ class DiscoveryOptions:
     mig_owned: Callable[[], Collection[OwnedKey]] = no_owned_instances
     #: ``dynamic``: a PF with SR-IOV and no VFs offers candidate VFs (discovery.vfs).
     vfs: str = "static"
+    #: With ``vfs="dynamic"``: the Mbit/s each VF is guaranteed of its PF's link
+    #: (``--vf-bandwidth``, discovery.vfs); None: VFs are counted, not their bandwidth.
+    vf_bandwidth_mbps: int | None = None
 
     def __post_init__(self) -> None:
         if self.mig not in MIG_MODES:
             raise ValueError(f"unknown MIG mode {self.mig!r}; one of {', '.join(MIG_MODES)}")
         if self.vfs not in VF_MODES:
             raise ValueError(f"unknown VF mode {self.vfs!r}; one of {', '.join(VF_MODES)}")
+        if self.vf_bandwidth_mbps is not None and self.vfs != "dynamic":
+            raise ValueError("a VF bandwidth needs VFs on demand (--vfs dynamic)")
         unknown = sorted(set(self.device_types) - set(ALL_TYPES))
         if unknown:
             raise ValueError(f"unknown device type(s): {', '.join(unknown)}")
@@ -123,8 +128,13 @@ def discover(sources: Sources, options: DiscoveryOptions | None = None) -> Inven
         reserved.update(nic_scan.reserved)
         if options.vfs == "dynamic" and options.wants(DeviceType.VF):
             vf_sets, vf_candidates = candidates(sources.sysfs_root, nic_scan.devices)
+            if options.vf_bandwidth_mbps is not None:
+                vf_sets, devices = with_bandwidth(
+                    sources.sysfs_root, devices + vf_candidates, vf_sets,
+                    options.vf_bandwidth_mbps, warnings)
+            else:
+                devices += vf_candidates
             counter_sets += vf_sets
-            devices += vf_candidates
 
     devices = apply_sharing(devices, options.sharing, warnings)
     devices = _unique([fit_limits(d) for d in devices], warnings)

@@ -11,16 +11,29 @@ that already has VFs is offered as today: its VFs as they are, no candidates.
 A candidate is named as its VF will be (``vf-<pci address>``, the address from the PF's
 ``sriov_offset``/``sriov_stride``: routing ID = PF's + offset + stride x index), so a claim's
 device keeps its name once the VF exists.
+
+**Bandwidth** (``--vf-bandwidth RATE``, with ``dynamic``): each VF of a PF is guaranteed RATE
+of its link. The PF's counter set gains ``bandwidth`` = the link's negotiated speed, and each of
+its VFs (candidates and VFs that exist alike, as a counter set stays one set across the
+pre-sizing) consumes RATE from it, so the scheduler never hands out more VFs than the link
+carries; prepare caps the VF at RATE (``max_tx_rate``, rtnetlink IFLA_VF_RATE) and unprepare
+lifts the cap. Only the VFs the link can carry are offered (indexes below link / RATE): the
+other VFs could never be allocated, and 64 identical VFs of which 4 fit make a claim for 5 try
+every 4 of 64 in the scheduler, until its 10 s filter timeout, on every node. A PF whose link
+is down, whose speed is unknown or below RATE offers none of its VFs, with a warning: a VF there
+could not have its share.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import socket
 import struct
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -38,9 +51,29 @@ from discovery.model import (
 from discovery.names import pci_name
 
 COUNTER = "vfs"
+BANDWIDTH = "bandwidth"
 #: HostInfo.extra of a candidate: the VF's index under its PF.
 EXTRA_CANDIDATE = "sriovCandidateIndex"
 EXTRA_TOTAL = "sriovTotalVFs"
+#: HostInfo.extra of a VF under --vf-bandwidth: the cap prepare sets, in Mbit/s.
+EXTRA_RATE = "vfMaxTxRateMbps"
+_RATE = re.compile(r"([1-9][0-9]{0,9})([MGT])")
+_MBPS = {"M": 1, "G": 1000, "T": 1000_000}
+
+
+def parse_vf_rate(text: str) -> int:
+    """``--vf-bandwidth``: a bit/s quantity in whole Mbit/s ("25G", "2500M") -> Mbit/s."""
+    match = _RATE.fullmatch(text.strip()) if isinstance(text, str) else None
+    mbps = int(match.group(1)) * _MBPS[match.group(2)] if match else 0
+    if not 0 < mbps < 1 << 32:  # IFLA_VF_RATE's max_tx_rate is a __u32 of Mbit/s
+        raise ValueError(f"expected a rate such as 25G or 2500M (bit/s, whole Mbit/s), got "
+                         f"{text!r:.40}")
+    return mbps
+
+
+def rate_quantity(mbps: int) -> str:
+    """Mbit/s as the bit/s quantity slices carry ("25G", "2500M")."""
+    return f"{mbps // 1000}G" if mbps % 1000 == 0 else f"{mbps}M"
 _COPIED = (PCIE_ROOT, NUMA_NODE, "pcieSwitch", "vendor", "pciVendorID", "linkType", "mtu")
 
 
@@ -100,6 +133,57 @@ def candidates(sysfs_root: Path, nics: Sequence[Device]) -> tuple[list[CounterSe
     return sets, out
 
 
+def with_bandwidth(sysfs_root: Path, devices: Sequence[Device], sets: Sequence[CounterSet],
+                   mbps: int, warnings: list[str]) -> tuple[list[CounterSet], list[Device]]:
+    """``devices`` and ``sets`` with every VF the link carries consuming ``mbps`` of it; the
+    others dropped (all of a PF whose link cannot carry one, with a warning)."""
+    by_name = {s.name: s for s in sets}
+    links: dict[str, int | None] = {}
+    out: list[Device] = []
+    for device in devices:
+        pf = device.host.parent_pf
+        if device.type != DeviceType.VF or not pf:
+            out.append(device)
+            continue
+        if pf not in links:
+            links[pf] = _link_mbps(sysfs_root, pf)
+            link = links[pf]
+            if link is None or link < mbps:
+                warnings.append(
+                    f"VFs of PF {pf} not offered: each is guaranteed {rate_quantity(mbps)} "
+                    f"(--vf-bandwidth) and the link " + (
+                        "is down or its speed unknown" if link is None
+                        else f"runs at {rate_quantity(link)}"))
+        link = links[pf]
+        index = device.attributes.get("vfIndex")
+        if link is None or link < mbps or not isinstance(index, int) or index >= link // mbps:
+            continue  # not offered: no VF index to cap by is as unusable as no room
+        set_name = counter_set_name(pci_name("nic", pf))
+        have = by_name.get(set_name)
+        by_name[set_name] = CounterSet(set_name, {**(have.counters if have else {}),
+                                                  BANDWIDTH: rate_quantity(link)})
+        consumes = [c for c in device.consumes if c.counter_set != set_name]
+        mine = next((c.counters for c in device.consumes if c.counter_set == set_name), {})
+        consumes.append(CounterConsumption(set_name, {**mine, BANDWIDTH: rate_quantity(mbps)}))
+        out.append(replace(
+            device, consumes=tuple(consumes),
+            capacity={**device.capacity, BANDWIDTH: rate_quantity(mbps)},
+            host=replace(device.host, extra={**device.host.extra, EXTRA_RATE: str(mbps)})))
+    return list(by_name.values()), out
+
+
+def _link_mbps(sysfs_root: Path, pf: str) -> int | None:
+    """The negotiated speed of ``pf``'s netdev (sysfs ``speed``, Mb/s; -1 while down)."""
+    nets = sysfs_root / "bus" / "pci" / "devices" / pf / "net"
+    for net in sorted(nets.iterdir()) if nets.is_dir() else ():
+        speed = _read_int(net / "speed")
+        operstate = (net / "operstate").read_text().strip() if (net / "operstate").is_file() \
+            else "up"
+        if speed is not None and speed > 0 and operstate in ("up", "unknown"):
+            return speed
+    return None
+
+
 class SriovError(Exception):
     """A change of ``sriov_numvfs`` the kernel refused; names the PF and the cause."""
 
@@ -113,6 +197,7 @@ class SriovControl(Protocol):
     def driver(self, function: str) -> str | None: ...
     def bind(self, function: str, driver: str) -> None: ...
     def reset_vf_mac(self, pf: str, index: int) -> None: ...
+    def set_vf_rate(self, pf: str, index: int, max_mbps: int) -> None: ...
 
 
 class SysfsSriov:
@@ -162,16 +247,29 @@ class SysfsSriov:
     def reset_vf_mac(self, pf: str, index: int) -> None:
         """Unset VF ``index``'s MAC on its PF (``ip link set <pf> vf <index> mac 00:..:00``),
         through rtnetlink: what a pod set does not follow the VF to the next one."""
+        self._setlink(pf, f"resetting VF {index}'s MAC",
+                      lambda ifindex: vf_info_message(ifindex, IFLA_VF_MAC,
+                                                      struct.pack("=I32s", index, b"")))
+
+    def set_vf_rate(self, pf: str, index: int, max_mbps: int) -> None:
+        """Cap VF ``index`` at ``max_mbps`` (0: no cap), ``ip link set <pf> vf <index>
+        max_tx_rate``: the kernel's IFLA_VF_RATE, no guaranteed minimum."""
+        what = f"capping VF {index} at {max_mbps} Mbit/s" if max_mbps \
+            else f"lifting VF {index}'s rate cap"
+        self._setlink(pf, what, lambda ifindex: vf_info_message(
+            ifindex, IFLA_VF_RATE, struct.pack("=III", index, 0, max_mbps)))
+
+    def _setlink(self, pf: str, what: str, message: Callable[[int], bytes]) -> None:
         nets = sorted(p.name for p in (self._pf(pf) / "net").glob("*"))
         if not nets:
-            raise SriovError(f"PF {pf} has no network interface to reset VF {index}'s MAC on")
+            raise SriovError(f"PF {pf} has no network interface for {what}")
         ifindex = _read_int(self.sysfs_root / "class" / "net" / nets[0] / "ifindex")
         if ifindex is None:
             raise SriovError(f"PF {pf}: no ifindex for {nets[0]}")
         try:
-            send_netlink(vf_mac_message(ifindex, index, b"\0" * 6))
+            send_netlink(message(ifindex))
         except OSError as err:
-            raise SriovError(f"PF {pf} ({nets[0]}): resetting VF {index}'s MAC over netlink: "
+            raise SriovError(f"PF {pf} ({nets[0]}): {what} over netlink: "
                              f"{err.strerror or err}") from err
 
     def set_num_vfs(self, pf: str, count: int) -> None:
@@ -195,7 +293,7 @@ class SysfsSriov:
 RTM_SETLINK = 19
 NLM_F_REQUEST, NLM_F_ACK = 0x1, 0x4
 NLMSG_ERROR = 2
-IFLA_VFINFO_LIST, IFLA_VF_INFO, IFLA_VF_MAC = 22, 1, 1
+IFLA_VFINFO_LIST, IFLA_VF_INFO, IFLA_VF_MAC, IFLA_VF_RATE = 22, 1, 1, 6
 NLA_F_NESTED = 0x8000
 
 
@@ -204,15 +302,20 @@ def _attr(kind: int, payload: bytes) -> bytes:
     return raw + b"\0" * (-len(raw) % 4)
 
 
-def vf_mac_message(ifindex: int, vf: int, mac: bytes, seq: int = 1) -> bytes:
-    """RTM_SETLINK for ``ifindex`` with IFLA_VFINFO_LIST > IFLA_VF_INFO > IFLA_VF_MAC
-    (``struct ifla_vf_mac {__u32 vf; __u8 mac[32];}``), asking for an ack."""
-    vf_mac = struct.pack("=I32s", vf, mac)
+def vf_info_message(ifindex: int, kind: int, payload: bytes, seq: int = 1) -> bytes:
+    """RTM_SETLINK for ``ifindex`` with IFLA_VFINFO_LIST > IFLA_VF_INFO > ``kind``, asking
+    for an ack. IFLA_VF_MAC carries ``struct ifla_vf_mac {__u32 vf; __u8 mac[32];}``,
+    IFLA_VF_RATE ``struct ifla_vf_rate {__u32 vf; __u32 min_tx_rate; __u32 max_tx_rate;}``."""
     body = struct.pack("=BxHiII", socket.AF_UNSPEC, 0, ifindex, 0, 0) + _attr(
         IFLA_VFINFO_LIST | NLA_F_NESTED, _attr(IFLA_VF_INFO | NLA_F_NESTED,
-                                               _attr(IFLA_VF_MAC, vf_mac)))
+                                               _attr(kind, payload)))
     return struct.pack("=IHHII", 16 + len(body), RTM_SETLINK, NLM_F_REQUEST | NLM_F_ACK,
                        seq, 0) + body
+
+
+def vf_mac_message(ifindex: int, vf: int, mac: bytes, seq: int = 1) -> bytes:
+    """The message setting VF ``vf``'s MAC (zeros: unset)."""
+    return vf_info_message(ifindex, IFLA_VF_MAC, struct.pack("=I32s", vf, mac), seq)
 
 
 def send_netlink(message: bytes, timeout_s: float = 5.0) -> None:

@@ -43,11 +43,10 @@ def run_discovery(cfg: Config) -> Inventory:
     Raises ``discovery.simulate.ProfileError`` for an unknown profile.
     """
     from discovery.host import host_sources
-    from discovery.scan import DiscoveryOptions, discover
+    from discovery.scan import discover
     from discovery.simulate import scratch_dir, simulated_sources
 
-    options = DiscoveryOptions(device_types=cfg.device_types, sharing=cfg.sharing,
-                               mig=cfg.mig, vfs=cfg.vfs)
+    options = cfg.discovery_options()
     if not cfg.simulate:
         return discover(host_sources(sysfs_root=cfg.sysfs_root), options)
     with scratch_dir() as tmp:
@@ -73,8 +72,8 @@ def discover_for_command(cfg: Config) -> Inventory:
               default="table", show_default=True)
 @click.option("--topology", is_flag=True, help="Show a NUMA -> PCIe root -> switch tree.")
 @shared_options("driver_name", "node_name", "sysfs_root", "simulate", "device_types",
-                "numa_node_attribute", "sharing", "mig", "vfs", "config_file", "log_format",
-                "verbosity")
+                "numa_node_attribute", "sharing", "mig", "vfs", "vf_bandwidth", "config_file",
+                "log_format", "verbosity")
 def command(output: str, topology: bool, **kwargs: Any) -> None:
     """Show the devices this node would publish (nothing is published)."""
     from agent.common.logs import setup_logging

@@ -115,15 +115,14 @@ def _context(cfg: Config, root: Path | None, api: Http | None, skip: str,
              error: str) -> Iterator[Context]:
     from agent.doctor.context import Context
     from agent.doctor.host import HostRoot
-    from discovery.scan import DiscoveryOptions, discover
+    from discovery.scan import discover
 
     options = _options(cfg)
     wants_nvml = bool({"gpu", "mig"} & set(cfg.device_types))
 
     def make(host: HostRoot, sources: Sources) -> Context:
         def run_discovery() -> Inventory:
-            return discover(sources, DiscoveryOptions(device_types=cfg.device_types,
-                                                      sharing=cfg.sharing))
+            return discover(sources, cfg.discovery_options())
 
         return Context(host=host, options=options, api=api, api_skip=skip, api_error=error,
                        discover=run_discovery, gpu=sources.gpu if wants_nvml else None,

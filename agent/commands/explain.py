@@ -42,8 +42,8 @@ from agent.explain.features import DEFAULTS, MODELLED_KUBERNETES
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
               show_default=True)
 @shared_options("driver_name", "node_name", "kubeconfig", "sysfs_root", "simulate",
-                "device_types", "numa_node_attribute", "sharing", "mig", "vfs", "config_file",
-                "verbosity")
+                "device_types", "numa_node_attribute", "sharing", "mig", "vfs", "vf_bandwidth",
+                "config_file", "verbosity")
 def command(*, claim_files: tuple[str, ...], class_files: tuple[str, ...], slices_from: str,
             allocated_files: tuple[str, ...], feature_gates: str, kubernetes_version: str,
             node_labels: str, output: str, **kwargs: Any) -> None:

@@ -12,11 +12,15 @@ import socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from discovery.sharing import SharingMode, parse_sharing_list
+from discovery.vfs import parse_vf_rate, rate_quantity
+
+if TYPE_CHECKING:
+    from discovery.scan import DiscoveryOptions
 
 ENV_PREFIX = "DRA_AGENT_"
 DEFAULT_DRIVER = "dra-agent.io"
@@ -52,6 +56,8 @@ class Config:
     mig: str = "static"
     #: static: offer the VFs that exist; dynamic: a PF without VFs offers them, made on use.
     vfs: str = "static"
+    #: With vfs=dynamic: what each VF is guaranteed of its PF's link ("25G"), discovery/vfs.py.
+    vf_bandwidth: str | None = None
     config_file: Path | None = None
 
     @property
@@ -65,6 +71,17 @@ class Config:
     @property
     def checkpoint_path(self) -> Path:
         return self.plugin_dir / "checkpoint.json"
+
+    def discovery_options(self, **more: Any) -> DiscoveryOptions:
+        """What discovery offers under this config (``more``: what only a running agent
+        knows, its node addresses and the MIG instances it made). One place, so ``run``, its
+        rescans and ``discover`` never offer different devices."""
+        from discovery.scan import DiscoveryOptions
+
+        return DiscoveryOptions(
+            device_types=self.device_types, sharing=self.sharing, mig=self.mig, vfs=self.vfs,
+            vf_bandwidth_mbps=parse_vf_rate(self.vf_bandwidth) if self.vf_bandwidth else None,
+            **more)
 
 
 def default_node_name() -> str:
@@ -100,6 +117,10 @@ def _vf_mode(value: Any) -> str:
     if text not in VF_MODES:
         raise ValueError(f"must be one of {', '.join(VF_MODES)}, not {text!r}")
     return text
+
+
+def _vf_bandwidth(value: Any) -> str:
+    return rate_quantity(parse_vf_rate(_text(value)))
 
 
 def _sharing(value: Any) -> tuple[SharingMode, ...]:
@@ -159,6 +180,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "numa_node_attribute": _numa_form,
     "mig": _mig_mode,
     "vfs": _vf_mode,
+    "vf_bandwidth": _vf_bandwidth,
     "metrics_address": _text,
     "log_format": _text,
     "config_file": _path,
@@ -251,6 +273,9 @@ def _merge(values: dict[str, Any], extra_keys: frozenset[str],
         cfg = replace(cfg, node_name=default_node_name())
     if cfg.log_format not in ("logfmt", "json"):
         raise ConfigError(f"--log-format must be logfmt or json, not {cfg.log_format!r}")
+    if cfg.vf_bandwidth is not None and cfg.vfs != "dynamic":
+        raise ConfigError("--vf-bandwidth needs --vfs dynamic: a VF's share of the link is "
+                          "guaranteed only where the agent hands VFs out from a counter set")
     return cfg, extra
 
 
@@ -284,6 +309,11 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         "type": click.Choice(VF_MODES),
         "help": "SR-IOV: offer the VFs that exist, or, for a PF without VFs, the VFs it can "
                 "have, created (all, once) at the first prepare [default: static]"}),
+    (("--vf-bandwidth",), {
+        "metavar": "RATE",
+        "help": "with --vfs dynamic: guarantee each VF RATE (bit/s: 25G, 2500M) of its PF's "
+                "link; the scheduler hands out only as many as the link carries, prepare "
+                "caps each VF at RATE [default: VFs counted only]"}),
     (("--metrics-address",), {"help": "host:port of metrics and health [default: 127.0.0.1:9464]"}),
     (("--config", "config_file"), {"help": "YAML config file", "type": click.Path()}),
     (("--log-format",), {"type": click.Choice(["logfmt", "json"])}),

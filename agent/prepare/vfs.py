@@ -26,7 +26,7 @@ from agent.claim.model import ClaimError, ClaimRef
 from agent.common.failpoints import Failpoints, Point, hit
 from agent.prepare.devices import SpecDevice
 from discovery.model import Device, DeviceType, Inventory
-from discovery.vfs import EXTRA_CANDIDATE, EXTRA_TOTAL, SriovControl, SriovError
+from discovery.vfs import EXTRA_CANDIDATE, EXTRA_RATE, EXTRA_TOTAL, SriovControl, SriovError
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 RESTORE = "vfRestoreDriver"
 #: PreparedDevice.extra: {"pf", "index"} of a VF whose MAC unprepare unsets.
 MAC = "vfMacReset"
+#: PreparedDevice.extra: {"pf", "index"} of a VF capped at its bandwidth (--vf-bandwidth),
+#: whose cap unprepare lifts.
+RATE = "vfRateCap"
 
 
 class VfError(ClaimError):
@@ -61,22 +64,25 @@ class VfProvisioner:
 
     def prepare(self, ref: ClaimRef, record: ClaimRecord, devices: Sequence[SpecDevice],
                 save: Callable[[ClaimRecord], None]) -> tuple[ClaimRecord, list[SpecDevice]]:
-        """Make the VFs candidates need, bind what ``vf.driver`` asks, then read them back
-        (one rescan); the record names the driver each rebound VF goes back to.
+        """Make the VFs candidates need, bind what ``vf.driver`` asks, cap each at its
+        bandwidth (--vf-bandwidth), then read made or rebound VFs back (one rescan); the
+        record names the driver each rebound VF goes back to and the caps to lift.
 
         That record is handed to ``save`` (the PrepareStarted record, written to the
-        checkpoint) before the first bind, so a prepare that fails or dies after it is undone
-        by the rollback or by start-up (``release(restore_only=True)``). One more durable
-        write, for claims that rebind a VF only: the bind and the driver's probe cost more.
+        checkpoint) before the first change, so a prepare that fails or dies after it is
+        undone by the rollback or by start-up (``release(restore_only=True)``). One more
+        durable write, for claims that rebind or cap a VF only: the bind and the driver's
+        probe cost more.
         """
         record = _with_mac_reset(record, devices)
-        affected = []
+        affected, made_vfs = [], False
         for i, item in enumerate(devices):
             index = candidate_index(item.device)
-            if index is None and item.vf_driver is None:
+            if index is None and item.vf_driver is None and _rate(item.device) is None:
                 continue
             if index is not None:
                 self._ensure(str(ref), item.device, item.device.host.parent_pf or "", index)
+                made_vfs = True
             affected.append(i)
         if not affected:
             return record, list(devices)
@@ -89,15 +95,29 @@ class VfProvisioner:
                                   item.device.host.parent_pf or "", item.vf_driver)
                 if plan is not None:
                     binds[item.device.name] = (vf, *plan)
-        if binds:
-            record = replace(record, devices=tuple(
-                replace(d, extra={**d.extra, RESTORE: binds[d.device][2]})
-                if d.device in binds else d for d in record.devices))
+        caps = {devices[i].device.name: cap for i in affected
+                if (cap := _rate(devices[i].device)) is not None}
+        if binds or caps:
+            marks: dict[str, dict[str, object]] = {}
+            for name, (_, _, before) in binds.items():
+                marks.setdefault(name, {})[RESTORE] = before
+            for name, (pf, index, _) in caps.items():
+                marks.setdefault(name, {})[RATE] = {"pf": pf, "index": index}
+            record = _marked(record, marks)
             save(record)
             hit(self.failpoints, Point.VF_AFTER_INTENT, record.uid)
             for name, (vf, target, before) in binds.items():
                 self._bind(str(ref), name, vf, target, before)
+            for name, (pf, index, mbps) in caps.items():
+                try:
+                    self.control.set_vf_rate(pf, index, mbps)
+                except SriovError as err:
+                    raise VfError(str(ref), f"device {name}: {err}") from err
+                log.info("VF rate capped", extra={"claim": str(ref), "device": name,
+                                                  "max_tx_rate_mbps": mbps})
             hit(self.failpoints, Point.VF_AFTER_BOUND, record.uid)
+        if not made_vfs and not binds:
+            return record, list(devices)  # a cap changes nothing discovery reads
         fresh = self.rescan().by_name()
         out = list(devices)
         for i in affected:
@@ -141,6 +161,14 @@ class VfProvisioner:
         with the VFs a reboot drops, needs nothing).
         """
         for held in record.devices if record is not None else ():
+            cap = held.extra.get(RATE)
+            if isinstance(cap, dict) and isinstance(cap.get("pf"), str) \
+                    and isinstance(cap.get("index"), int) \
+                    and not (restore_only and not self._exists(held.pci_address)):
+                try:
+                    self.control.set_vf_rate(cap["pf"], cap["index"], 0)
+                except SriovError as err:
+                    raise VfError(claim, f"device {held.device}: {err}") from err
             mac = held.extra.get(MAC)
             if not restore_only and isinstance(mac, dict) and isinstance(mac.get("pf"), str) \
                     and isinstance(mac.get("index"), int):
@@ -152,7 +180,7 @@ class VfProvisioner:
             if not isinstance(before, str) or not before or not held.pci_address:
                 continue
             try:
-                if restore_only and (not self.control.exists(held.pci_address)
+                if restore_only and (not self._exists(held.pci_address)
                                      or self.control.driver(held.pci_address) == before):
                     continue
                 self.control.bind(held.pci_address, before)
@@ -161,6 +189,9 @@ class VfProvisioner:
                                      f"{err}") from err
             log.info("VF driver restored", extra={"claim": claim, "device": held.device,
                                                   "driver": before})
+
+    def _exists(self, function: str | None) -> bool:
+        return bool(function) and self.control.exists(function or "")
 
     def _ensure(self, claim: str, device: Device, pf: str, index: int) -> None:
         total = int(device.host.extra.get(EXTRA_TOTAL, "0"))
@@ -179,6 +210,15 @@ class VfProvisioner:
                 raise VfError(claim, f"device {device.name}: {err}") from err
 
 
+def _rate(device: Device) -> tuple[str, int, int] | None:
+    """(PF, VF index, Mbit/s) of a VF published with a bandwidth (--vf-bandwidth)."""
+    mbps, index = device.host.extra.get(EXTRA_RATE), device.attributes.get("vfIndex")
+    if device.type != DeviceType.VF or not mbps or not device.host.parent_pf \
+            or not isinstance(index, int) or isinstance(index, bool):
+        return None
+    return device.host.parent_pf, index, int(mbps)
+
+
 def _with_mac_reset(record: ClaimRecord, devices: Sequence[SpecDevice]) -> ClaimRecord:
     """The record naming, for each VF of the claim, the PF and index unprepare resets."""
     marks: dict[str, dict[str, object]] = {}
@@ -188,8 +228,13 @@ def _with_mac_reset(record: ClaimRecord, devices: Sequence[SpecDevice]) -> Claim
         if d.type == DeviceType.VF and d.host.parent_pf and isinstance(index, int) \
                 and not isinstance(index, bool):
             marks[d.name] = {"pf": d.host.parent_pf, "index": index}
+    return _marked(record, {name: {MAC: mark} for name, mark in marks.items()})
+
+
+def _marked(record: ClaimRecord, marks: dict[str, dict[str, object]]) -> ClaimRecord:
+    """``record`` with each named device's extra gaining ``marks[device]``."""
     if not marks:
         return record
     return replace(record, devices=tuple(
-        replace(h, extra={**h.extra, MAC: marks[h.device]}) if h.device in marks else h
+        replace(h, extra={**h.extra, **marks[h.device]}) if h.device in marks else h
         for h in record.devices))

@@ -93,6 +93,14 @@ class SimulatedSriov:
         for net in (vf / "net").glob("*/address"):
             net.write_text("00:00:00:00:00:00\n")
 
+    def set_vf_rate(self, pf: str, index: int, max_mbps: int) -> None:
+        """Where mlx5 shows it: ``<pf>/sriov/<index>/max_tx_rate`` (Mbit/s, 0: no cap)."""
+        if not (self._pf(pf) / f"virtfn{index}").exists():
+            raise SriovError(f"PF {pf} has no VF {index}")
+        where = self._pf(pf) / "sriov" / str(index)
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "max_tx_rate").write_text(f"{max_mbps}\n")
+
     def _netdev(self, builder: SysfsBuilder, vf: Path) -> None:
         physfn = vf / "physfn"
         if not physfn.exists() or ((vf / "net").is_dir() and any((vf / "net").iterdir())):

@@ -52,14 +52,20 @@ def _preparer(root: Path, sources: Sources, options: DiscoveryOptions,
         inventory=lambda: found, boot_id="boot-1", failpoints=failpoints, **kwargs)
 
 
-def vf_preparer(root: Path, failpoints: Failpoints | None = None) -> DevicePreparer:
+def vf_preparer(root: Path, failpoints: Failpoints | None = None,
+                bandwidth: int | None = None) -> DevicePreparer:
     """--vfs dynamic on the sriov-novfs tree under ``root/sim``, made once by ``vf_node``
-    and read as it is here (a restarted agent meets the VFs and drivers the dead one left)."""
+    and read as it is here (a restarted agent meets the VFs and drivers the dead one left).
+    ``bandwidth``: --vf-bandwidth in Mbit/s, else what ``root/bandwidth`` says (the node's
+    setting, which a kill test's child and the restarted preparer both read)."""
     sim = root / "sim"
     sources = Sources(sysfs_root=sim / "sys", gpu=None, dev_root=sim / "dev",
                       routes=ProcRoutes(sim / "proc"), proc_root=sim / "proc",
                       label="simulated sriov-novfs", sriov=SimulatedSriov(sim / "sys"))
-    dynamic = DiscoveryOptions(vfs="dynamic")
+    setting = root / "bandwidth"
+    if bandwidth is None and setting.exists():
+        bandwidth = int(setting.read_text())
+    dynamic = DiscoveryOptions(vfs="dynamic", vf_bandwidth_mbps=bandwidth)
     assert sources.sriov is not None
     vfs = VfProvisioner(sources.sriov, lambda: discover(sources, dynamic), failpoints)
     return _preparer(root, sources, dynamic, failpoints, vfs=vfs)

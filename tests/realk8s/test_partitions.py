@@ -122,3 +122,54 @@ def test_candidate_vf_slices_are_stored_and_allocator_and_explain_agree(
     assert ours.fits and ours.allocation is not None
     assert sorted(r["device"] for r in ours.allocation["devices"]["results"]) == theirs
     assert len(theirs) == 3
+
+
+def test_vf_bandwidth_slices_are_stored_and_allocator_and_explain_agree(
+    minor: str, cluster: RealCluster, start_cluster: StartCluster, start_agent: StartAgent,
+) -> None:
+    """--vf-bandwidth 25G on 100G links: the server stores the two-counter sets as sent, and
+    both allocators hand out four VFs of a PF and refuse a fifth (the link is full)."""
+    from agent.explain import explain
+
+    real = cluster if minor >= "1.36" else start_cluster("--feature-gates", GATE)
+    if real is not cluster:
+        real.apply_deploy("base")
+    node = "node-vf-bw"
+    real.ensure_node(node)
+    agent = start_agent(real.agent_kubeconfig(node), node, "--vfs", "dynamic",
+                        "--vf-bandwidth", "25G", profile="sriov-novfs")
+    wait_settled(real, node, agent)
+    slices = real.slices(node)
+    sets = {c["name"]: c["counters"] for s in slices for c in s["spec"].get("sharedCounters")
+            or ()}
+    assert sets["nic-0000-3b-00-1-vfs"] == {"vfs": {"value": "64"},
+                                            "bandwidth": {"value": "100G"}}
+    classes = real.admin.request("GET", f"{RESOURCE}/v1/deviceclasses").json()["items"]
+    kwargs: dict[str, Any] = {"kubernetes_version": minor, "feature_gates": GATE}
+
+    def vfs_of_one_pf(name: str, count: int) -> dict[str, Any]:
+        return real.create({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"devices": {"requests": [{"name": "vf", "exactly": {
+                "deviceClassName": f"vf.{DRIVER}", "count": count,
+                "selectors": [{"cel": {"expression": f"device.attributes['{DRIVER}'].parentPF"
+                                                     " == '0000:3b:00.1'"}}]}}]}},
+        })
+
+    four = vfs_of_one_pf("four-vfs", 4)
+    answer = allocate(minor, {"node": node, "claims": [four], "deviceClasses": classes,
+                              "resourceSlices": slices})
+    assert answer.get("unschedulable") is not True, answer
+    theirs = sorted(r["device"] for r in
+                    answer["allocations"][four["metadata"]["uid"]]["devices"]["results"])
+    ours = explain(four, classes, slices, node, **kwargs)
+    assert ours.fits and ours.allocation is not None
+    assert sorted(r["device"] for r in ours.allocation["devices"]["results"]) == theirs
+
+    five = vfs_of_one_pf("five-vfs", 5)
+    answer = allocate(minor, {"node": node, "claims": [five], "deviceClasses": classes,
+                              "resourceSlices": slices})
+    assert answer.get("unschedulable") is True, answer
+    refused = explain(five, classes, slices, node, **kwargs)
+    assert not refused.fits
