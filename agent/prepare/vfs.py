@@ -169,6 +169,7 @@ class VfProvisioner:
                     self.control.set_vf_rate(cap["pf"], cap["index"], 0)
                 except SriovError as err:
                     raise VfError(claim, f"device {held.device}: {err}") from err
+                log.info("VF rate cap lifted", extra={"claim": claim, "device": held.device})
             mac = held.extra.get(MAC)
             if not restore_only and isinstance(mac, dict) and isinstance(mac.get("pf"), str) \
                     and isinstance(mac.get("index"), int):

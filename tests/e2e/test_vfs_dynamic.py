@@ -60,3 +60,37 @@ def test_a_vf_made_on_first_use_from_slices_to_the_pod(
     assert sum(1 for d in now.values() if "consumesCounters" in d) == 64  # PF1 still unmade
     kubelet.unprepare(DRIVER, [ref(claim)])
     assert not list(dirs.cdi.glob(f"*{uid}*.json"))
+
+
+def test_vf_bandwidth_survives_the_vfs_being_made(
+    dirs: NodeDirs, cluster: Cluster, start_agent: StartAgent, kubelet: KubeletStandIn,
+) -> None:
+    """--vf-bandwidth 25G on 100G links: four VFs per PF, each consuming 25G of its link,
+    before and after the first prepare made the PF's VFs (the set and the names stay)."""
+    agent = start_agent("--vfs", "dynamic", "--vf-bandwidth", "25G", profile="sriov-novfs")
+    wait_registered(kubelet)
+    published = wait_for("8 VFs-to-be", lambda: (got := devices(cluster))
+                         and sum(1 for d in got.values() if "consumesCounters" in d) == 8
+                         and got, timeout=30)
+    sets = {c["name"]: c["counters"] for s in cluster.node_slices()
+            for c in s["spec"].get("sharedCounters") or ()}
+    assert sets["nic-0000-3b-00-0-vfs"]["bandwidth"] == {"value": "100G"}
+    assert published["vf-0000-3b-00-2"]["capacity"] == {"bandwidth": {"value": "25G"}}
+
+    claim = cluster.allocate(cluster.create_claim("net", [("vf", VF_CLASS)]))
+    [picked] = allocated_devices(claim)
+    uid = claim["metadata"]["uid"]
+    assert_answer(claim, kubelet.prepare(DRIVER, [ref(claim)])[uid])
+    assert 'msg="VF rate capped"' in agent.logs() and "max_tx_rate_mbps=25000" in agent.logs()
+
+    def made() -> dict[str, dict[str, Any]] | None:
+        got = devices(cluster)
+        vf = got.get(picked, {})
+        return got if "ifName" in vf.get("attributes", {}) else None
+
+    now = wait_for("the made VFs published", made, timeout=30)
+    assert now[picked]["consumesCounters"] == [{"counterSet": "nic-0000-3b-00-0-vfs",
+                                                "counters": {"bandwidth": {"value": "25G"}}}]
+    assert sum(1 for d in now.values() if "consumesCounters" in d) == 8
+    kubelet.unprepare(DRIVER, [ref(claim)])
+    wait_for("the cap lifted", lambda: 'msg="VF rate cap lifted"' in agent.logs(), timeout=10)
