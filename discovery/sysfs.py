@@ -20,8 +20,8 @@ from discovery.numa import NumaReader, valid_node
 
 log = logging.getLogger("discovery.sysfs")
 
-BDF_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-ROOT_RE = re.compile(r"^pci([0-9a-f]{4,8}):([0-9a-f]{2})$")
+BDF_RE = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+ROOT_RE = re.compile(r"pci([0-9a-f]{4,8}):([0-9a-f]{2})")
 
 
 class DeviceVanishedError(Exception):
@@ -113,8 +113,8 @@ def parse_chain(real: Path) -> tuple[str | None, tuple[str, ...]]:
     """Split a resolved device path into its ``pciDDDD:BB`` root and the BDFs below it."""
     parts = real.parts
     for i, part in enumerate(parts):
-        if ROOT_RE.match(part):
-            bdfs = tuple(p for p in parts[i + 1 :] if BDF_RE.match(p))
+        if ROOT_RE.fullmatch(part):
+            bdfs = tuple(p for p in parts[i + 1 :] if BDF_RE.fullmatch(p))
             return part, bdfs
     return None, ()
 
@@ -126,7 +126,7 @@ class Sysfs:
         self.root = root
 
     def pci_addresses(self) -> list[str]:
-        return [n for n in _list(self.root / "bus" / "pci" / "devices") if BDF_RE.match(n)]
+        return [n for n in _list(self.root / "bus" / "pci" / "devices") if BDF_RE.fullmatch(n)]
 
     def resolve(self, bdf: str) -> str:
         """The device directory behind ``bus/pci/devices/<bdf>``.
@@ -185,7 +185,7 @@ class Sysfs:
             iommu_group=_link_name(j(real, "iommu_group")),
             sriov_total_vfs=read_int(j(real, "sriov_totalvfs")),
             sriov_num_vfs=read_int(j(real, "sriov_numvfs")),
-            physfn=physfn if physfn and BDF_RE.match(physfn) else None,
+            physfn=physfn if physfn and BDF_RE.fullmatch(physfn) else None,
             net_ifaces=tuple(_net_ifaces(real)),
             rdma_devices=tuple(_list(j(real, "infiniband"))),
             uverbs=tuple(_list(j(real, "infiniband_verbs"))),

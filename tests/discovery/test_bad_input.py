@@ -291,3 +291,15 @@ def test_oversized_devices_are_cut_to_the_api_limits(caplog: pytest.LogCaptureFi
     assert fitted.attributes["productName"] == "x" * 64
     assert "pciVendorID" not in fitted.attributes and "driver" not in fitted.attributes
     assert any(getattr(r, "attribute", None) == "productName" for r in caplog.records)
+
+
+def test_pci_names_are_matched_whole(tmp_path: Path) -> None:
+    from discovery.sysfs import Sysfs, parse_chain
+
+    devices = tmp_path / "bus" / "pci" / "devices"
+    for name in ("0000:3b:00.0", "0000:3b:00.0\n", "0000:3b:00.1x", "x0000:3b:00.2"):
+        (devices / name).mkdir(parents=True)
+    assert Sysfs(tmp_path).pci_addresses() == ["0000:3b:00.0"]
+    assert parse_chain(Path("/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0")) == (
+        "pci0000:3a", ("0000:3a:00.0", "0000:3b:00.0"))
+    assert parse_chain(Path("/sys/devices/pci0000:3a\n/0000:3b:00.0")) == (None, ())
