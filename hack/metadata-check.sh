@@ -25,15 +25,8 @@ STAMP="$CACHE_DIR/bin/metadata-check.stamp"
 
 die() { printf 'metadata-check.sh: %s\n' "$*" >&2; exit 3; }
 
-go_bin() {
-    if [ -x /usr/local/go/bin/go ]; then
-        echo /usr/local/go/bin/go
-    elif command -v go >/dev/null 2>&1; then
-        command -v go
-    else
-        die "no Go toolchain: put the machine's go (>= 1.26) on PATH"
-    fi
-}
+# shellcheck source=lib/go.sh
+. "$SCRIPT_DIR/lib/go.sh"
 
 build() {
     local go stamp tmp
