@@ -52,6 +52,9 @@ NON_DEFAULT: dict[str, Any] = {
     "imagePullSecrets": [{"name": "registry"}],
     "deviceTypes": ["gpu", "nic"],
     "sharing": ["gpu=shares:4", "nic=bandwidth:10G"],
+    "mig": "dynamic",
+    "vfs": "dynamic",
+    "vfBandwidth": "25G",
     "simulate": "dgx-h100",
     "kubeletDir": "/var/lib/k0s/kubelet",
     "cdiDir": "/etc/cdi",
@@ -315,6 +318,7 @@ def test_non_default_values_reach_the_agent(helm: Path, tmp_path: Path) -> None:
     assert cfg.cdi_dir == Path("/etc/cdi")
     assert cfg.device_types == ("gpu", "nic")
     assert [str(m) for m in cfg.sharing] == ["gpu=shares:4", "nic=bandwidth:10G"]
+    assert (cfg.mig, cfg.vfs, cfg.vf_bandwidth) == ("dynamic", "dynamic", "25G")
     assert cfg.simulate == "dgx-h100"
     assert cfg.log_format == "json"
     _assert_mounted_where_the_agent_looks(objects, cfg)
@@ -366,6 +370,9 @@ def test_health_off_and_default_config(helm: Path, tmp_path: Path) -> None:
     ({"deviceTypes": ["gpu", "tpu"]}, "deviceTypes"),
     ({"sharing": ["mig=shares:2"]}, "sharing"),
     ({"sharing": ["gpu=shares:0"]}, "sharing"),
+    ({"mig": "auto"}, "mig"),
+    ({"vfs": "dynamic", "vfBandwidth": "25Gi"}, "vfBandwidth"),
+    ({"vfBandwidth": "25G"}, "vfBandwidth needs vfs: dynamic"),
     ({"metrics": {"port": "9464"}}, "metrics"),
     ({"kubeletDir": "relative/dir"}, "kubeletDir"),
     ({"health": {"ignoreXids": "13;rm"}}, "health"),
