@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 from tests.fuzz.conftest import MUTATION_TEST
 from tests.fuzz.report import FuzzReport, failed_fuzz_tests
@@ -53,9 +55,13 @@ def test_failures_count_cases_and_tests_once() -> None:
     assert ", 1 failure, " in FuzzReport().line(1)
 
 
-def test_property_tests_draw_the_same_cases_unless_exploring() -> None:
+def test_property_tests_draw_the_same_cases_unless_exploring(
+    request: pytest.FixtureRequest,
+) -> None:
     from hypothesis import settings
 
     # tests/conftest.py: CI's draws are fixed; `--hypothesis-profile=explore` draws anew.
-    assert settings.default.derandomize and settings.default.database is None
+    chosen = request.config.getoption("hypothesis_profile", default=None)
+    assert settings.default.derandomize is (chosen in (None, "derandomized"))
+    assert settings.default.database is None
     assert not settings.get_profile("explore").derandomize
