@@ -33,6 +33,21 @@ def mig_claim(cluster: RealCluster, name: str, profile: str, count: int) -> dict
     })
 
 
+def agent_on(minor: str, cluster: RealCluster, start_cluster: StartCluster,
+             start_agent: StartAgent, node: str, profile: str, *args: str
+             ) -> tuple[RealCluster, list[dict[str, Any]]]:
+    """The agent on ``node`` with ``args``, against a server with partitionable devices on
+    (1.35: a cluster of its own with the gate); that server and the node's settled slices."""
+    real = cluster if minor >= "1.36" else start_cluster("--feature-gates", GATE)
+    if real is not cluster:
+        real.apply_deploy("base")
+    real.ensure_node(node)
+    agent = start_agent(real.agent_kubeconfig(node), node, *args, profile=profile)
+    wait_settled(real, node, agent)
+    assert "dropped" not in agent.logs() and "DRAPartitionableDevices" not in agent.logs()
+    return real, real.slices(node)
+
+
 def allocate(minor: str, doc: dict[str, Any]) -> dict[str, Any]:
     gates = [] if minor >= "1.36" else [f"-feature-gates={GATE}"]
     out = subprocess.run([str(bin_dir(minor) / "allocate"), *gates], input=json.dumps(doc),
@@ -47,16 +62,9 @@ def test_partition_slices_are_stored_and_allocator_and_explain_agree(
 ) -> None:
     from agent.explain import explain
 
-    real = cluster if minor >= "1.36" else start_cluster("--feature-gates", GATE)
-    if real is not cluster:
-        real.apply_deploy("base")
     node = "node-mig"
-    real.ensure_node(node)
-    agent = start_agent(real.agent_kubeconfig(node), node, "--mig", "dynamic",
-                        profile="dgx-h100-mig")
-    wait_settled(real, node, agent)
-    slices = real.slices(node)
-    assert "dropped" not in agent.logs() and "DRAPartitionableDevices" not in agent.logs()
+    real, slices = agent_on(minor, cluster, start_cluster, start_agent, node, "dgx-h100-mig",
+                            "--mig", "dynamic")
     sets = [c["name"] for s in slices for c in s["spec"].get("sharedCounters") or ()]
     assert sorted(sets) == sorted(f"gpu-{i}-mig" for i in range(6))
     devices = {d["name"]: d for s in slices for d in s["spec"].get("devices") or ()}
@@ -92,15 +100,9 @@ def test_candidate_vf_slices_are_stored_and_allocator_and_explain_agree(
 ) -> None:
     from agent.explain import explain
 
-    real = cluster if minor >= "1.36" else start_cluster("--feature-gates", GATE)
-    if real is not cluster:
-        real.apply_deploy("base")
     node = "node-vfs"
-    real.ensure_node(node)
-    agent = start_agent(real.agent_kubeconfig(node), node, "--vfs", "dynamic",
-                        profile="sriov-novfs")
-    wait_settled(real, node, agent)
-    slices = real.slices(node)
+    real, slices = agent_on(minor, cluster, start_cluster, start_agent, node, "sriov-novfs",
+                            "--vfs", "dynamic")
     candidates = [d for s in slices for d in s["spec"].get("devices") or ()
                   if d.get("consumesCounters")]
     assert len(candidates) == 128
@@ -131,15 +133,9 @@ def test_vf_bandwidth_slices_are_stored_and_allocator_and_explain_agree(
     both allocators hand out four VFs of a PF and refuse a fifth (the link is full)."""
     from agent.explain import explain
 
-    real = cluster if minor >= "1.36" else start_cluster("--feature-gates", GATE)
-    if real is not cluster:
-        real.apply_deploy("base")
     node = "node-vf-bw"
-    real.ensure_node(node)
-    agent = start_agent(real.agent_kubeconfig(node), node, "--vfs", "dynamic",
-                        "--vf-bandwidth", "25G", profile="sriov-novfs")
-    wait_settled(real, node, agent)
-    slices = real.slices(node)
+    real, slices = agent_on(minor, cluster, start_cluster, start_agent, node, "sriov-novfs",
+                            "--vfs", "dynamic", "--vf-bandwidth", "25G")
     sets = {c["name"]: c["counters"] for s in slices for c in s["spec"].get("sharedCounters")
             or ()}
     assert sets["nic-0000-3b-00-1-vfs"] == {"vfs": {"value": "64"},
