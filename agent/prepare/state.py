@@ -198,10 +198,11 @@ class DevicePreparer:
         return done
 
     def _host_released(self, ref: ClaimRef) -> bool:
-        """Undo what a failed prepare changed on the host, as its PrepareStarted record
-        names it; False (the record stays, for start-up to finish) when that fails."""
+        """Undo what a failed prepare changed on the host, as its record names it (the
+        rollback drops that record, whatever its state); False (the record stays, for
+        start-up to finish) when that fails."""
         record = self.checkpoint.claims().get(ref.uid)
-        if record is None or record.completed:
+        if record is None:
             return True
         try:
             self.undo_host(str(ref), record)

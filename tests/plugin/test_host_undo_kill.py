@@ -171,6 +171,18 @@ def test_a_failing_prepare_gives_back_every_vf_it_rebound(tmp_path: Path) -> Non
     assert failing.checkpoint.claims() == {}
 
 
+@pytest.mark.parametrize("point", ["prepare-after-spec-written", "prepare-after-completed"])
+def test_a_prepare_failing_after_the_rebind_gives_the_vfs_back(tmp_path: Path,
+                                                                point: str) -> None:
+    # Even after PrepareCompleted: the rollback drops the record, so what it names goes too.
+    vf_node(tmp_path)
+    failing = vf_preparer(tmp_path, Failpoints.parse(f"{point}=error"))
+    with pytest.raises(FailpointError):
+        failing.prepare(parse_claim(vf_claim()))
+    assert {driver_of(tmp_path, bdf) for bdf in VFS.values()} == {"mlx5_core"}
+    assert failing.checkpoint.claims() == {}
+
+
 def test_start_up_after_a_reboot_finds_the_vfs_gone_and_says_nothing(tmp_path: Path) -> None:
     vf_node(tmp_path)
     raw = vf_claim()
