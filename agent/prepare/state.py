@@ -308,6 +308,13 @@ class DevicePreparer:
             inventory = overlay(record, self.pool, inventory)
         devices = mps_edits(claim.ref, [self.spec_device(claim, r, inventory) for r in results],
                             self.mps_pipe_dir)
+        if self.vfs is not None:
+            # A reboot drops the VFs the agent made (the PF is back at 0 VFs, its candidates
+            # under the same names): make them again, on the drivers and caps the claim asked
+            # for, before the spec names them. Nothing to save first: until the rewritten
+            # record is stored, the next start-up does this again, and finds it done.
+            record, devices = self.vfs.prepare(claim.ref, record, devices, lambda _: None)
+            inventory = {**inventory, **{d.device.name: d.device for d in devices}}
         files, devices, metadata = self.metadata.plan(
             claim, results, devices, wanted=record.metadata is not None)
         self.metadata.write(claim.ref, files)

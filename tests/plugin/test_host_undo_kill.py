@@ -248,3 +248,24 @@ def test_kill_in_unprepare_before_the_record_goes_leaves_no_interval(tmp_path: P
     assert set(restarted.checkpoint.claims()) == {record.uid}
     restarted.unprepare(record.uid)  # the kubelet's retry
     assert restarted.checkpoint.claims() == {}
+
+
+def test_after_a_reboot_start_up_makes_a_prepared_claims_vfs_again(tmp_path: Path) -> None:
+    vf_node(tmp_path)
+    (tmp_path / "bandwidth").write_text("25000")
+    record = vf_preparer(tmp_path).prepare(parse_claim(vf_claim()))
+    simulated_sources("sriov-novfs", tmp_path / "sim")  # a reboot: the PF has no VFs again
+    assert not (tmp_path / "sim/sys/bus/pci/devices/0000:3b:00.3").exists()
+
+    restarted = vf_preparer(tmp_path)
+    restarted.boot_id = "boot-2"
+    report = recover(restarted)
+    assert report.rebuilt == (record.uid,) and not report.not_rebuilt
+    assert {driver_of(tmp_path, bdf) for bdf in VFS.values()} == {"vfio-pci"}
+    caps = tmp_path / "sim/sys/bus/pci/devices/0000:3b:00.0/sriov"
+    assert [(caps / str(i) / "max_tx_rate").read_text() for i in (1, 2)] == ["25000\n"] * 2
+    spec = json.loads(restarted.specs.path(record.uid).read_text())
+    env = [e for d in spec["devices"] for e in d["containerEdits"]["env"]]
+    assert any(e.startswith("DRA_AGENT_DEVICE_VF_0000_3B_00_3_IOMMU_GROUP=") for e in env)
+    restarted.unprepare(record.uid)
+    assert {driver_of(tmp_path, bdf) for bdf in VFS.values()} == {"mlx5_core"}
