@@ -59,10 +59,13 @@ class _Registration(reg_grpc.RegistrationServicer):
         )
 
     def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
-        with self.plugin.cond:
+        with self.plugin.cond:  # the flag is read with the append: a test flips it under cond
             self.plugin.statuses.append((request.plugin_registered, request.error))
+            refused = self.plugin.refuse_notices
+            if not refused:
+                self.plugin.notices_accepted += 1
             self.plugin.cond.notify_all()
-        if self.plugin.refuse_notices:
+        if refused:
             context.abort(grpc.StatusCode.UNAVAILABLE, "not listening to the kubelet")
         if not request.plugin_registered and not self.plugin.accept_failure_notices:
             # As the Go helper does: a refused registration is answered with an error status.
@@ -135,6 +138,8 @@ class FakePlugin:
         self.statuses: list[tuple[bool, str]] = []
         #: Answer every NotifyRegistrationStatus with an error (a failed notify(true) too).
         self.refuse_notices = False
+        #: Notices answered while ``refuse_notices`` was off.
+        self.notices_accepted = 0
         #: Answer a failed registration's notice with OK, as our agent does (the Go helper
         #: answers it with an error).
         self.accept_failure_notices = False

@@ -100,8 +100,12 @@ def test_a_failed_notice_of_success(
     assert plugin.wait_status(3, timeout=10)[:3] == [(True, "")] * 3
     # Deregistered between the retries (the back-off leaves it out most of the time).
     wait_for(lambda: not instances(kubelet), timeout=10, what="the plugin deregistered")
-    plugin.refuse_notices = False
-    wait_for(lambda: instances(kubelet), timeout=20, what="the retry that sticks")
+    with plugin.cond:  # a notice in flight is refused or accepted, never both (plugin.py)
+        plugin.refuse_notices = False
+    # A registration whose notice was refused still shows until the kubelet drops it: wait
+    # for an accepted notice, not merely for an instance.
+    wait_for(lambda: plugin.notices_accepted and instances(kubelet), timeout=20,
+             what="the retry that sticks")
     count = len(plugin.statuses)
     assert statuses_after(plugin, 2)[count:] == []  # registered for good: no more notices
     (held,) = instances(kubelet)
