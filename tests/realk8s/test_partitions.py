@@ -33,6 +33,18 @@ def mig_claim(cluster: RealCluster, name: str, profile: str, count: int) -> dict
     })
 
 
+def vfs_of_one_pf(cluster: RealCluster, name: str, count: int) -> dict[str, Any]:
+    """A claim for ``count`` VFs of PF 0000:3b:00.1, created on ``cluster``."""
+    return cluster.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "vf", "exactly": {
+            "deviceClassName": f"vf.{DRIVER}", "count": count,
+            "selectors": [{"cel": {"expression":
+                           f"device.attributes['{DRIVER}'].parentPF == '0000:3b:00.1'"}}]}}]}},
+    })
+
+
 def agent_on(minor: str, cluster: RealCluster, start_cluster: StartCluster,
              start_agent: StartAgent, node: str, profile: str, *args: str
              ) -> tuple[RealCluster, list[dict[str, Any]]]:
@@ -108,14 +120,7 @@ def test_candidate_vf_slices_are_stored_and_allocator_and_explain_agree(
     assert len(candidates) == 128
     assert all(len(s["spec"].get("devices") or ()) <= 64 for s in slices)
     classes = real.admin.request("GET", f"{RESOURCE}/v1/deviceclasses").json()["items"]
-    claim = real.create({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": "three-vfs", "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "vf", "exactly": {
-            "deviceClassName": f"vf.{DRIVER}", "count": 3,
-            "selectors": [{"cel": {"expression":
-                           f"device.attributes['{DRIVER}'].parentPF == '0000:3b:00.1'"}}]}}]}},
-    })
+    claim = vfs_of_one_pf(real, "three-vfs", 3)
     answer = allocate(minor, {"node": node, "claims": [claim], "deviceClasses": classes,
                               "resourceSlices": slices})
     theirs = sorted(r["device"] for r in
@@ -143,17 +148,7 @@ def test_vf_bandwidth_slices_are_stored_and_allocator_and_explain_agree(
     classes = real.admin.request("GET", f"{RESOURCE}/v1/deviceclasses").json()["items"]
     kwargs: dict[str, Any] = {"kubernetes_version": minor, "feature_gates": GATE}
 
-    def vfs_of_one_pf(name: str, count: int) -> dict[str, Any]:
-        return real.create({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"devices": {"requests": [{"name": "vf", "exactly": {
-                "deviceClassName": f"vf.{DRIVER}", "count": count,
-                "selectors": [{"cel": {"expression": f"device.attributes['{DRIVER}'].parentPF"
-                                                     " == '0000:3b:00.1'"}}]}}]}},
-        })
-
-    four = vfs_of_one_pf("four-vfs", 4)
+    four = vfs_of_one_pf(real, "four-vfs", 4)
     answer = allocate(minor, {"node": node, "claims": [four], "deviceClasses": classes,
                               "resourceSlices": slices})
     assert answer.get("unschedulable") is not True, answer
@@ -163,7 +158,7 @@ def test_vf_bandwidth_slices_are_stored_and_allocator_and_explain_agree(
     assert ours.fits and ours.allocation is not None
     assert sorted(r["device"] for r in ours.allocation["devices"]["results"]) == theirs
 
-    five = vfs_of_one_pf("five-vfs", 5)
+    five = vfs_of_one_pf(real, "five-vfs", 5)
     answer = allocate(minor, {"node": node, "claims": [five], "deviceClasses": classes,
                               "resourceSlices": slices})
     assert answer.get("unschedulable") is True, answer
