@@ -2,7 +2,7 @@
 # Starts a real etcd + kube-apiserver on loopback, all state under DIR.
 #
 #   hack/realk8s/up.sh [--version 1.37|1.35] [--port N] [--resource-versions v1,v1beta2,v1beta1]
-#                      [--feature-gates G=true,...] [--audit] DIR
+#                      [--feature-gates G=true,...] [--audit] [--kubelet-client] DIR
 #
 # TLS everywhere, --authorization-mode=Node,RBAC, NodeRestriction, a service-account issuer with
 # its keys. resource.k8s.io is served at every version in --resource-versions (default all three;
@@ -12,6 +12,9 @@
 # --audit: every request but the server's own, at level Metadata (who, verb, resource, when),
 # one JSON event per line in DIR/audit.log, written before the response (blocking mode): what
 # the vs-upstream benchmark counts a publisher's requests by.
+# --kubelet-client: the server dials kubelets (logs, exec, port-forward) by their InternalIP with
+# a client certificate of its own (system:masters, which the kubelet's webhook authorizer
+# allows), never by Hostname (a DNS query): what a whole node needs (node-up.sh).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -24,6 +27,7 @@ PORT=""
 RESOURCE_VERSIONS="v1,v1beta2,v1beta1"
 FEATURE_GATES=""
 AUDIT=""
+KUBELET_CLIENT=""
 DIR=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -36,7 +40,8 @@ while [ $# -gt 0 ]; do
         --feature-gates) FEATURE_GATES="${2:?--feature-gates needs a value}"; shift 2 ;;
         --feature-gates=*) FEATURE_GATES="${1#*=}"; shift ;;
         --audit) AUDIT=1; shift ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        --kubelet-client) KUBELET_CLIENT=1; shift ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         -*) die "unknown option $1" ;;
         *) [ -z "$DIR" ] || die "only one DIR, got '$DIR' and '$1'"; DIR="$1"; shift ;;
     esac
@@ -98,6 +103,7 @@ mkdir -p "$PKI"
     openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 7 \
         -extfile apiserver.ext -out apiserver.crt 2>/dev/null
     client_cert . dra-agent-test-admin system:masters admin
+    [ -z "$KUBELET_CLIENT" ] || client_cert . kube-apiserver-kubelet-client system:masters kubelet-client
     ec sa.key
     openssl ec -in sa.key -pubout -out sa.pub 2>/dev/null
     rm -f ./*.csr
@@ -153,6 +159,10 @@ for v in ${RESOURCE_VERSIONS//,/ }; do
     case "$v" in v1|v1beta2|v1beta1) ;; *) fail "--resource-versions: unknown version '$v' (v1, v1beta2, v1beta1)" ;; esac
 done
 EXTRA=()
+if [ -n "$KUBELET_CLIENT" ]; then
+    EXTRA+=("--kubelet-client-certificate=$PKI/kubelet-client.crt" "--kubelet-client-key=$PKI/kubelet-client.key"
+            "--kubelet-preferred-address-types=InternalIP")
+fi
 [ -z "$FEATURE_GATES" ] || EXTRA+=("--feature-gates=$FEATURE_GATES")
 if [ -n "$AUDIT" ]; then
     cat >"$DIR/audit-policy.yaml" <<'POLICY'
