@@ -30,6 +30,7 @@ from discovery.sources import Sources
 
 if TYPE_CHECKING:  # the plugin's modules are imported when it starts, not with the daemon
     from agent.prepare.enforce import GpuControl
+    from cdi.simnodes import SimulatedNodes
 
 log = logging.getLogger("agent.daemon")
 
@@ -376,6 +377,7 @@ class Daemon:
             driver_root=self.options.driver_root, host_driver_root=self.options.host_driver_root,
             simulated=bool(cfg.simulate),
             sysfs_root=cfg.sysfs_root,
+            simulated_nodes=self._simulated_nodes(),
         )
         options = PluginOptions(
             driver_name=cfg.driver_name, node_name=cfg.node_name, kubelet_dir=cfg.kubelet_dir,
@@ -408,6 +410,17 @@ class Daemon:
         except (AlreadyRunningError, SocketError) as err:
             self.plugin = None
             raise DaemonError(str(err)) from err
+
+    def _simulated_nodes(self) -> SimulatedNodes | None:
+        """--simulate-device-nodes: the stand-in device nodes' maker, in the plugin dir."""
+        from cdi.simnodes import SimulatedNodes
+
+        if not self.cfg.simulate_device_nodes:
+            return None
+        directory = self.cfg.simulated_dev_dir
+        log.info("simulated devices get stand-in device nodes (1:3) at prepare",
+                 extra={"directory": str(directory)})
+        return SimulatedNodes(directory)
 
     def _gpu_control(self) -> GpuControl | None:
         """What sets GPU-wide share settings: a recording stand-in on a simulated node,

@@ -4,6 +4,10 @@ The plugin asks for ``edits_for(device)`` per device and ``common_edits_for(devi
 claim (the spec-level edits). The NVIDIA common edits walk the driver installation, which
 takes milliseconds, so they are cached and rebuilt only when the loaded driver version, the
 ld cache or the control device nodes change. Per-device edits are a few ``stat`` calls.
+
+A simulated device has env edits only, unless the provider is given ``SimulatedNodes``
+(``--simulate-device-nodes``): then also the nodes its real counterpart would have, as
+stand-ins the agent makes (``cdi.simnodes``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from cdi.dri import KFD, drm_nodes
 from cdi.errors import DeviceEditsError
 from cdi.host import HostLookupError, char_node, in_root
 from cdi.nic import (
+    RDMA_CM,
     VFIO_CONTAINER,
     iommu_group,
     net_device,
@@ -37,10 +42,15 @@ from cdi.nvidia import (
     mig_cap_nodes,
 )
 from cdi.nvidia_driver import DriverRoot
+from cdi.simnodes import SimulatedNodeError, SimulatedNodes
 from cdi.spec import ContainerEdits, DeviceNode, NetDevice
+from discovery.gpus import mig_cap_minors
 from discovery.model import Device, DeviceType
 
-__all__ = ["DeviceKind", "DriverRoot", "EditsProvider", "describe_env", "device_kind"]
+__all__ = [
+    "DeviceKind", "DriverRoot", "EditsProvider", "SimulatedNodes", "describe_env",
+    "device_kind", "simulated_common_node_paths", "simulated_node_paths",
+]  # fmt: skip
 
 _VENDOR_ALIASES = {
     "nvidia": "nvidia", "0x10de": "nvidia", "10de": "nvidia",
@@ -60,6 +70,8 @@ class DeviceKind(StrEnum):
 
 
 _USE_DISCOVERED_NODES = frozenset({DeviceKind.AMD_GPU, DeviceKind.INTEL_GPU, DeviceKind.OTHER})
+_NVIDIA_KINDS = frozenset({DeviceKind.NVIDIA_GPU, DeviceKind.NVIDIA_MIG})
+_UVERBS_RE = re.compile(r"/dev/infiniband/uverbs[0-9]+")
 
 
 def device_kind(device: Device) -> DeviceKind:
@@ -106,13 +118,59 @@ def describe_env(device: Device) -> tuple[str, ...]:
     return tuple(f"{prefix}{key}={value}" for key, value in fields if value is not None)
 
 
+def simulated_node_paths(device: Device) -> tuple[str, ...]:
+    """The device's own nodes on real hardware, from what the simulated device knows:
+    ``/dev/nvidia<minor>``; for MIG also its GI and CI capability nodes (when its instance
+    exists); an RDMA NIC's ``uverbs<N>``; a VFIO function's ``/dev/vfio/<group>``; an AMD or
+    Intel GPU's DRM nodes. Nothing where the device does not say (a NIC without RDMA)."""
+    host = device.host
+    kind = device_kind(device)
+    if kind in _NVIDIA_KINDS:
+        if host.minor is None:
+            return ()
+        paths = [f"/dev/nvidia{host.minor}"]
+        if kind == DeviceKind.NVIDIA_MIG and host.mig_gi is not None and host.mig_ci is not None:
+            gi, ci = mig_cap_minors(host.minor, host.mig_gi, host.mig_ci)
+            paths += [f"/dev/nvidia-caps/nvidia-cap{gi}", f"/dev/nvidia-caps/nvidia-cap{ci}"]
+        return tuple(paths)
+    if kind == DeviceKind.VFIO:
+        return (f"/dev/vfio/{host.iommu_group}",) if host.iommu_group else ()
+    if kind == DeviceKind.NIC:
+        return tuple(p for p in host.dev_nodes if _UVERBS_RE.fullmatch(p))
+    if kind in (DeviceKind.AMD_GPU, DeviceKind.INTEL_GPU):
+        return tuple(p for p in host.dev_nodes if p.startswith("/dev/dri/"))
+    return ()
+
+
+def simulated_common_node_paths(devices: Sequence[Device]) -> tuple[tuple[Device, str], ...]:
+    """The shared nodes (spec-level) of simulated ``devices``, each with the first device
+    needing it: the NVIDIA control nodes, ``/dev/vfio/vfio``, ``rdma_cm``, ``/dev/kfd``."""
+    out: dict[str, Device] = {}
+    for device in devices:
+        kind = device_kind(device)
+        paths: tuple[str, ...] = ()
+        if kind in _NVIDIA_KINDS:
+            paths = REQUIRED_CONTROL_NODES
+        elif kind == DeviceKind.VFIO:
+            paths = (VFIO_CONTAINER,)
+        elif kind == DeviceKind.NIC and device.host.rdma_device:
+            paths = (RDMA_CM,)
+        elif kind == DeviceKind.AMD_GPU:
+            paths = (KFD,)
+        for path in paths:
+            out.setdefault(path, device)
+    return tuple((device, path) for path, device in out.items())
+
+
 class EditsProvider:
     """Container edits for inventory devices, from the host's real device nodes and driver.
 
     ``driver_root`` is where the NVIDIA driver installation is seen by this process;
     ``host_driver_root`` where the container runtime sees it (defaults to the same).
     ``simulated=True`` (no real hardware behind the inventory): only env edits, so a
-    container in a kind cluster starts and can tell which devices it got.
+    container in a kind cluster starts and can tell which devices it got; with
+    ``simulated_nodes`` also stand-ins (``/dev/null``'s numbers) of the device nodes the real
+    devices would have, made under its directory when a spec needs them.
     """
 
     def __init__(
@@ -125,7 +183,10 @@ class EditsProvider:
         sysfs_root: Path = Path("/sys"),
         host_driver_root: Path | None = None,
         hook_path: str | None = None,
+        simulated_nodes: SimulatedNodes | None = None,
     ) -> None:
+        if simulated_nodes is not None and not simulated:
+            raise ValueError("simulated_nodes are for simulated devices only")
         self.driver_root = driver_root
         self.dev_root = dev_root
         self.proc_root = proc_root
@@ -133,6 +194,7 @@ class EditsProvider:
         self.simulated = simulated
         self.host_driver_root = host_driver_root or driver_root
         self.hook_path = hook_path
+        self.simulated_nodes = simulated_nodes
         self._lock = threading.Lock()
         self._nvidia: tuple[object, DriverRoot, ContainerEdits] | None = None
 
@@ -145,7 +207,9 @@ class EditsProvider:
         CDI 1.1.0 ``netDevices`` edit naming it ``interface_name`` (default: unchanged)
         inside the pod. Raises ``DeviceEditsError`` when the host lacks what it needs."""
         if self.simulated:
-            return ContainerEdits(env=describe_env(device))
+            paths = simulated_node_paths(device)
+            return ContainerEdits(env=describe_env(device),
+                                  device_nodes=self._stand_ins([(device, p) for p in paths]))
         try:
             edits = self._hardware_edits(device, interface_name, move_netdev)
             # Discovery's node list is used only where no kind-specific rule exists: for the
@@ -199,6 +263,20 @@ class EditsProvider:
             return ContainerEdits(device_nodes=rdma, net_devices=nets)
         return ContainerEdits()
 
+    def _stand_ins(self, wanted: Sequence[tuple[Device, str]]) -> tuple[DeviceNode, ...]:
+        """The stand-in nodes of (device, container path) pairs, made where missing; none
+        without ``simulated_nodes``."""
+        nodes = self.simulated_nodes
+        if nodes is None:
+            return ()
+        out: list[DeviceNode] = []
+        for device, path in wanted:
+            try:
+                out.append(nodes.node(path))
+            except (SimulatedNodeError, ValueError) as err:
+                raise DeviceEditsError(device, str(err)) from err
+        return tuple(out)
+
     def _minor(self, device: Device) -> int:
         if device.host.minor is not None:
             return device.host.minor
@@ -210,7 +288,10 @@ class EditsProvider:
 
     def common_edits_for(self, devices: Sequence[Device]) -> ContainerEdits:
         """Edits every container using any of ``devices`` needs once (spec-level edits)."""
-        if self.simulated or not devices:
+        if self.simulated:
+            return ContainerEdits(
+                device_nodes=self._stand_ins(simulated_common_node_paths(devices)))
+        if not devices:
             return ContainerEdits()
         kinds = {device_kind(d): d for d in reversed(devices)}  # first device of each kind
         edits = ContainerEdits()

@@ -27,12 +27,25 @@ SIMULATED_NOTE = (
     "note: simulated devices have no device nodes, driver libraries or hooks on this host, so "
     "each holds only its DRA_AGENT_DEVICE_* env entries; on a real GPU node the spec also "
     "mounts /dev/nvidia* and the driver's libraries and runs nvidia-cdi-hook (python -m "
-    "hack.playground cdi shows one)"
+    "hack.playground cdi shows one); in a cluster, dra-agent run --simulate-device-nodes "
+    "gives them stand-in device nodes"
+)
+#: Why ``cdi generate`` takes no --simulate-device-nodes.
+NO_DEVICE_NODES = (
+    "--simulate-device-nodes is an option of 'dra-agent run': the stand-in nodes live in the "
+    "running agent's plugin directory, and cdi generate writes nothing on the host; without "
+    "it the simulated spec holds the env entries only"
 )
 
 
 class GenerateError(click.ClickException):
     """Devices that cannot be put in the spec; exit code 1, one line per device."""
+
+
+def _refuse_device_nodes(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        raise click.UsageError(NO_DEVICE_NODES, ctx)
+    return value
 
 
 def select_devices(inventory: Inventory, names: Sequence[str]) -> list[Device]:
@@ -139,6 +152,10 @@ def command() -> None:
     show_default=True,
     help="Move NIC interfaces into the container (needs a CDI 1.1.0 runtime)",
 )
+# Hidden, and refused in one line: run's flag would otherwise be "no such option". The key in a
+# config file shared with run is checked and left unused, as every option generate lacks.
+@click.option("--simulate-device-nodes", "simulate_device_nodes", is_flag=True, hidden=True,
+              expose_value=False, callback=_refuse_device_nodes)
 @shared_options("driver_name", "sysfs_root", "simulate", "device_types", "config_file",
                 "log_format", "verbosity")
 def generate(

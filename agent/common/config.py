@@ -44,6 +44,9 @@ class Config:
     cdi_dir: Path = Path("/var/run/cdi")
     sysfs_root: Path = Path("/sys")
     simulate: str | None = None
+    #: With ``simulate``: stand-in device nodes (1:3) for the simulated devices, made under
+    #: ``simulated_dev_dir`` for a real container runtime to inject (``cdi.simnodes``).
+    simulate_device_nodes: bool = False
     metrics_address: str = "127.0.0.1:9464"
     log_format: str = "logfmt"
     verbosity: int = 0
@@ -71,6 +74,14 @@ class Config:
     @property
     def checkpoint_path(self) -> Path:
         return self.plugin_dir / "checkpoint.json"
+
+    @property
+    def simulated_dev_dir(self) -> Path:
+        """Where ``simulate_device_nodes`` makes the stand-ins: in the plugin directory, which
+        the DaemonSet mounts from the host at the same path, so the runtime finds them."""
+        from cdi.simnodes import SUBDIR
+
+        return self.plugin_dir / SUBDIR
 
     def discovery_options(self, **more: Any) -> DiscoveryOptions:
         """What discovery offers under this config (``more``: what only a running agent
@@ -137,6 +148,12 @@ def _sharing(value: Any) -> tuple[SharingMode, ...]:
     return parse_sharing_list(items)
 
 
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):  # "yes" or 1 in a file is a typo, not a choice
+        raise ValueError(f"expected true or false, got {_kind(value)}")
+    return value
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {_kind(value)}")
@@ -177,6 +194,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "cdi_dir": _path,
     "sysfs_root": _path,
     "simulate": _text,
+    "simulate_device_nodes": _bool,
     "numa_node_attribute": _numa_form,
     "mig": _mig_mode,
     "vfs": _vf_mode,
@@ -273,6 +291,9 @@ def _merge(values: dict[str, Any], extra_keys: frozenset[str],
         cfg = replace(cfg, node_name=default_node_name())
     if cfg.log_format not in ("logfmt", "json"):
         raise ConfigError(f"--log-format must be logfmt or json, not {cfg.log_format!r}")
+    if cfg.simulate_device_nodes and not cfg.simulate:
+        raise ConfigError("--simulate-device-nodes needs --simulate: it makes stand-in nodes "
+                          "for simulated devices; real devices have their own")
     if cfg.vf_bandwidth is not None and cfg.vfs != "dynamic":
         raise ConfigError("--vf-bandwidth needs --vfs dynamic: a VF's share of the link is "
                           "guaranteed only where the agent hands VFs out from a counter set")
@@ -292,6 +313,13 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--cdi-dir",), {"help": "CDI spec dir [default: /var/run/cdi]"}),
     (("--sysfs-root",), {"help": "sysfs mount point [default: /sys]"}),
     (("--simulate",), {"metavar": "PROFILE", "help": "run on simulated hardware"}),
+    (("--simulate-device-nodes",), {
+        "is_flag": True, "default": None,
+        "help": "with --simulate: give each simulated device the device nodes the real one "
+                "has (/dev/nvidia0...), as harmless stand-ins (character devices 1:3, as "
+                "/dev/null) the agent makes under <kubelet-dir>/plugins/<driver-name>/"
+                "simulated-dev, so a real container runtime can inject them (needs "
+                "CAP_MKNOD) [default: env entries only]"}),
     (("--device-types",), {"help": "comma-separated subset of gpu,mig,nic,vf [default: all]"}),
     (("--numa-node-attribute",), {
         "type": click.Choice(NUMA_NODE_FORMS),
