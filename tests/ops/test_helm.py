@@ -56,6 +56,7 @@ NON_DEFAULT: dict[str, Any] = {
     "vfs": "dynamic",
     "vfBandwidth": "25G",
     "simulate": "dgx-h100",
+    "simulateDeviceNodes": True,
     "kubeletDir": "/var/lib/k0s/kubelet",
     "cdiDir": "/etc/cdi",
     "driverRoot": "/run/nvidia/driver",
@@ -320,6 +321,7 @@ def test_non_default_values_reach_the_agent(helm: Path, tmp_path: Path) -> None:
     assert [str(m) for m in cfg.sharing] == ["gpu=shares:4", "nic=bandwidth:10G"]
     assert (cfg.mig, cfg.vfs, cfg.vf_bandwidth) == ("dynamic", "dynamic", "25G")
     assert cfg.simulate == "dgx-h100"
+    assert cfg.simulate_device_nodes is True
     assert cfg.log_format == "json"
     _assert_mounted_where_the_agent_looks(objects, cfg)
     container = _container(objects)
@@ -361,6 +363,22 @@ def test_health_off_and_default_config(helm: Path, tmp_path: Path) -> None:
     assert ctx.params["health"] is False
 
 
+def test_simulated_device_nodes_reach_the_agent_in_the_mounted_plugin_dir(
+        helm: Path, tmp_path: Path) -> None:
+    """The stand-in nodes go under the plugin dir, which the pod mounts at its host path (so
+    the runtime finds them where the spec says); the privileged container may mknod."""
+    objects = template(helm, tmp_path, {"simulate": "dgx-h100", "simulateDeviceNodes": True})
+    container = _container(objects)
+    assert container["args"].count("--simulate-device-nodes") == 1
+    cfg = _agent_config(objects)
+    assert (cfg.simulate, cfg.simulate_device_nodes) == ("dgx-h100", True)
+    assert cfg.simulated_dev_dir == cfg.plugin_dir / "simulated-dev"
+    _assert_mounted_where_the_agent_looks(objects, cfg)
+    assert container["securityContext"]["privileged"] is True  # CAP_MKNOD among the rest
+    off = _container(template(helm, tmp_path, {"simulate": "dgx-h100"}))
+    assert "--simulate-device-nodes" not in off["args"]
+
+
 # --- bad values: one line ------------------------------------------------------------------
 
 
@@ -373,6 +391,8 @@ def test_health_off_and_default_config(helm: Path, tmp_path: Path) -> None:
     ({"mig": "auto"}, "mig"),
     ({"vfs": "dynamic", "vfBandwidth": "25Gi"}, "vfBandwidth"),
     ({"vfBandwidth": "25G"}, "vfBandwidth needs vfs: dynamic"),
+    ({"simulateDeviceNodes": True}, "simulateDeviceNodes needs simulate"),
+    ({"simulate": "dgx-h100", "simulateDeviceNodes": "yes"}, "simulateDeviceNodes"),
     ({"metrics": {"port": "9464"}}, "metrics"),
     ({"kubeletDir": "relative/dir"}, "kubeletDir"),
     ({"health": {"ignoreXids": "13;rm"}}, "health"),
