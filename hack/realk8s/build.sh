@@ -27,7 +27,7 @@ PEER_MINOR=1.37
 # The rest of a node (tests/cluster: the scheduler, the controller-manager, the real kubelet)
 # is built for the current minor only; one `go build` shares their packages with the server's.
 NODE_MINOR=1.37
-NODE_BINS="kube-scheduler kube-controller-manager kubelet"
+NODE_BINS="kube-scheduler kube-controller-manager kubelet podresources"
 
 die() { echo "build.sh: $*" >&2; exit 1; }
 
@@ -91,7 +91,8 @@ build_one() {
     fi
     local node=""
     if [ "$minor" = "$NODE_MINOR" ]; then
-        for b in $NODE_BINS; do node+=" k8s.io/kubernetes/cmd/$b"; done
+        for b in kube-scheduler kube-controller-manager kubelet; do node+=" k8s.io/kubernetes/cmd/$b"; done
+        node+=" $TOOLS/podresources"
         bins="$bins $NODE_BINS"
     fi
     start=$(date +%s)

@@ -14,6 +14,6 @@ shift
 # shellcheck disable=SC1091
 HOLDER_PID="$(. "$DIR/node.env" && echo "$HOLDER_PID")"
 [ -n "$HOLDER_PID" ] && [ -r "/proc/$HOLDER_PID/ns/net" ] || die "the node in $DIR is not running"
-exec nsenter --target "$HOLDER_PID" --net --mount -- \
+exec nsenter --target "$HOLDER_PID" --net --mount --wd="$PWD" -- \
     env KUBECONFIG="$DIR/admin.kubeconfig" PATH="$HERE/bin/1.37:$HERE/bin/node:$HERE/bin:$PATH" \
     CONTAINERD_ADDRESS="$DIR/node/ctrd/containerd.sock" CONTAINERD_NAMESPACE=k8s.io "$@"

@@ -56,11 +56,16 @@ def _copied_sources() -> list[str]:
     return sources
 
 
-def test_based_on_python_311_slim() -> None:
+def test_based_on_the_recipes_debian_12() -> None:
+    """Both stages start from the recipe's Debian 12 image (hack/image/recipe.py), whose
+    python3 is 3.11, as the daemonless build's root file system does."""
+    from hack.image import RECIPE
+
     args = {a.split("=")[0]: a.split("=", 1)[1] for w, a in _instructions() if w == "ARG"}
-    assert args["PYTHON_IMAGE"] == "python:3.11-slim"
+    assert args["BASE_IMAGE"] == RECIPE.agent.debian.image
+    assert RECIPE.agent.debian.image.startswith("debian:bookworm")
     froms = [a for w, a in _instructions() if w == "FROM"]
-    assert len(froms) == 2 and all(f.startswith("${PYTHON_IMAGE}") for f in froms)
+    assert len(froms) == 2 and all(f.startswith("${BASE_IMAGE}") for f in froms)
 
 
 def test_entrypoint_is_the_console_script(project: dict[str, object]) -> None:

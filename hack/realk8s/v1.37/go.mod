@@ -233,6 +233,7 @@ tool (
 	github.com/dra-agent/dra-agent/hack/realk8s/tools/allocate
 	github.com/dra-agent/dra-agent/hack/realk8s/tools/kubelet-dra
 	github.com/dra-agent/dra-agent/hack/realk8s/tools/peer-driver
+	github.com/dra-agent/dra-agent/hack/realk8s/tools/podresources
 	go.etcd.io/etcd/server/v3
 	k8s.io/kubernetes/cmd/kube-apiserver
 	k8s.io/kubernetes/cmd/kube-controller-manager
