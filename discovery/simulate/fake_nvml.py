@@ -6,7 +6,9 @@ placements counted in 8 memory slices, driver-picked GI ids, MIG UUIDs in UUIDv5
 NVML bus id in NVML's own spelling (``00000000:1B:00.0``).
 
 Hooks for tests and the health feature: ``inject_xid``, ``inject_ecc``, ``set_lost``,
-``fail`` (make one call raise for one GPU, e.g. an NVML error mid-scan), ``clear_faults``.
+``recover`` (one GPU answers again), ``fail`` (make one call raise for one GPU, e.g. an NVML
+error mid-scan), ``clear_faults``. They may be called from any thread (a running agent takes
+them from ``dra-agent simulate fault``, agent/simfaults.py).
 
 MIG instances are created and destroyed under the real rules (``mig -lgipp`` placements of
 the GPU's model, no two GIs on one memory slice, one 1g+me per GPU, no GI destroyed while it
@@ -243,9 +245,17 @@ class FakeNvml:
     def set_lost(self, uuid: str) -> None:
         """The GPU fell off the bus: its calls raise GpuIsLostError, and so do event waits."""
         self._gpu(uuid).lost = True
-        for es in self._sets:
+        for es in self._event_sets():
             if uuid in es.masks:
                 es.events.put(GpuEvent(uuid, EVENT_XID_CRITICAL, 79))
+
+    def recover(self, uuid: str) -> None:
+        """The GPU answers again (after a reset): no longer lost, and the call failures
+        ``fail`` set for it alone are gone; a MIG UUID recovers its parent GPU."""
+        gpu = self._gpu(uuid)
+        gpu.lost = False
+        for key in [k for k in self._faults if k[1] == gpu.uuid]:
+            self._faults.pop(key, None)
 
     def inject_xid(self, uuid: str, xid: int) -> None:
         """Deliver an Xid event; a MIG UUID targets that MIG device's GI/CI."""
@@ -263,9 +273,15 @@ class FakeNvml:
 
     def _deliver(self, gpu: FakeGpu, kind: int, data: int, mig: FakeMig | None) -> None:
         gi, ci = (mig.gi, mig.ci) if mig else (WHOLE_GPU, WHOLE_GPU)
-        for es in self._sets:
+        for es in self._event_sets():
             if es.masks.get(gpu.uuid, 0) & kind:
                 es.events.put(GpuEvent(gpu.uuid, kind, data, gi, ci))
+
+    def _event_sets(self) -> list[_EventSet]:
+        """The event sets now: a copy, so a hook on another thread never walks the list
+        while the watcher creates or frees one."""
+        with self._lock:
+            return list(self._sets)
 
     def _resolve(self, uuid: str) -> tuple[FakeGpu, FakeMig | None]:
         for gpu in self.gpus:
