@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "doctor": "agent.commands.doctor:command",
     "explain": "agent.commands.explain:command",
     "run": "agent.commands.run:command",
+    "simulate": "agent.commands.simulate:command",
 }
 
 

@@ -252,6 +252,7 @@ class Daemon:
         self._publish(inventory)
         self._start_plugin(api_client)
         self._start_hotplug(sources, discovery_options, inventory)
+        self._start_simulated_faults(sources)
         self._start_http()
         watchdog = self.notifier.run_watchdog(self.stop_event, self.healthy, self.environ)
         if watchdog is not None:
@@ -431,6 +432,19 @@ class Daemon:
             return RecordingGpuControl(self.cfg.plugin_dir / SIMULATED_GPU_STATE)
         binary = find_nvidia_smi(self.options.driver_root)
         return NvidiaSmi(binary) if binary is not None else None
+
+    def _start_simulated_faults(self, sources: Sources) -> None:
+        """--simulate: the inbox 'dra-agent simulate fault' writes to, beside the checkpoint
+        (agent/simfaults.py); after the health monitor, whose event sets the faults reach."""
+        if not self.cfg.simulate:
+            return
+        from agent.simfaults import FaultInbox
+
+        inbox = FaultInbox(self.cfg.simulated_faults_dir, sources.gpu, lambda: self.inventory,
+                           health=self.options.health, stop=self.stop_event)
+        thread = inbox.start()
+        if thread is not None:
+            self._threads["simulated-faults"] = thread
 
     def _start_hotplug(self, sources: Any, options: Any, inventory: Inventory) -> None:
         from discovery.hotplug import HotplugWatcher, UdevEvents

@@ -83,6 +83,14 @@ class Config:
 
         return self.plugin_dir / SUBDIR
 
+    @property
+    def simulated_faults_dir(self) -> Path:
+        """The inbox of a ``--simulate`` agent, where ``dra-agent simulate fault`` leaves its
+        requests (``agent.simfaults``): in the plugin directory, which the pod sees too."""
+        from agent.simfaults import INBOX_SUBDIR
+
+        return self.plugin_dir / INBOX_SUBDIR
+
     def discovery_options(self, **more: Any) -> DiscoveryOptions:
         """What discovery offers under this config (``more``: what only a running agent
         knows, its node addresses and the MIG instances it made). One place, so ``run``, its

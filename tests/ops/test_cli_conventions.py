@@ -25,6 +25,10 @@ NOT_READ: dict[tuple[str, ...], tuple[str, ...]] = {
     ("explain",): ("--kubelet-dir", "--cdi-dir", "--metrics-address", "--log-format"),
     # doctor reads sysfs under --host-root, never a --sysfs-root of its own.
     ("doctor",): ("--sysfs-root",),
+    # It only writes into the running agent's inbox: the plugin dir is all it needs.
+    ("simulate", "fault"): ("--simulate", "--metrics-address", "--kubeconfig", "--cdi-dir",
+                            "--sysfs-root", "--node-name", "--log-format", "--device-types",
+                            "--mig", "--vfs", "--sharing", "--simulate-device-nodes"),
 }
 
 

@@ -40,14 +40,16 @@ COMMANDS: dict[str, list[str]] = {
     "run": ["run", "--simulate", "dgx-h100", "--kubeconfig", "none", "--metrics-address", "none"],
     "explain": ["explain", "-f", "-", "--simulate", "dgx-h100"],
     "doctor": ["doctor", "--simulate", "dgx-h100", "--kubeconfig", "none"],
+    "simulate fault": ["simulate", "fault", "gpu-3", "--xid", "79"],
 }
 
 #: The directories each command writes or reads under (pointed at tmp_path), and a path option
 #: it takes; each command offers only the shared options it reads.
 DIRS: dict[str, tuple[str, ...]] = {"claims": ("--kubelet-dir",),
-                                    "run": ("--kubelet-dir", "--cdi-dir")}
+                                    "run": ("--kubelet-dir", "--cdi-dir"),
+                                    "simulate fault": ("--kubelet-dir",)}
 PATH_FLAG: dict[str, str] = {"claims": "--kubelet-dir", "run": "--kubelet-dir",
-                             "doctor": "--kubelet-dir"}
+                             "doctor": "--kubelet-dir", "simulate fault": "--kubelet-dir"}
 
 
 def _one_error_line(result: object) -> str:
