@@ -265,6 +265,9 @@ authorization:
 podLogsDir: /var/log/pods
 volumePluginDir: $N/volume-plugins
 resolvConf: $N/resolv.conf
+# No cluster DNS runs: Pods' resolv.conf names loopback, inside their own namespace.
+clusterDNS: [127.0.0.1]
+clusterDomain: cluster.local
 # Imported images have nowhere to be pulled from again: never collect them; a small disk
 # must not evict test Pods.
 imageGCHighThresholdPercent: 100

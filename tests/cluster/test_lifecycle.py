@@ -30,13 +30,18 @@ def container_id(pod: dict[str, Any]) -> str:
     return str(status["containerID"])
 
 
-def kubelet_warnings(node: Node, ns: str) -> list[str]:
-    """Every warning the kubelet recorded for the namespace's Pods (a failed prepare is
-    FailedPrepareDynamicResources)."""
+def kubelet_failures(node: Node, ns: str) -> list[str]:
+    """Every failure the kubelet recorded for the namespace's Pods (a failed prepare is
+    FailedPrepareDynamicResources, a container that could not start Failed or FailedCreate...)."""
     events = node.get("-n", ns, "events")["items"]
     return [f"{e['reason']}: {e['message']}" for e in events if e.get("type") == "Warning"
+            and e["reason"].startswith("Failed")
             and "kubelet" in (e.get("source", {}).get("component", ""),
                               e.get("reportingComponent", ""))]
+
+
+def published_devices(node: Node) -> set[str]:
+    return {d["name"] for s in node_slices(node) for d in s["spec"].get("devices", [])}
 
 
 def test_deleting_the_agents_pod_leaves_workloads_running(agent: Node, ns: str) -> None:
@@ -56,29 +61,42 @@ def test_deleting_the_agents_pod_leaves_workloads_running(agent: Node, ns: str) 
     agent.wait_running(ns, "second-gpu")
     agent.wait_logged(ns, "second-gpu", "ready")
     assert new["metadata"]["name"] != old["metadata"]["name"]
-    assert not kubelet_warnings(agent, ns)
+    assert not kubelet_failures(agent, ns)
 
 
 def test_a_kubelet_restart_keeps_pods_running_and_slices_published(agent: Node, ns: str) -> None:
     apply_example(agent, ns, "one-gpu.yaml")
     before = container_id(agent.wait_running(ns, "one-gpu"))
-    slices_before = {s["metadata"]["name"] for s in node_slices(agent)}
-    started = time.monotonic()
+    names_before = {s["metadata"]["name"] for s in node_slices(agent)}
+    devices_before = published_devices(agent)
     agent.restart_kubelet()
+    # The new kubelet wipes the slices of drivers not registered with it yet (our agent
+    # re-registers when its socket is seen again, then publishes anew): watch for the gap in
+    # which the node's devices are not published, for as long as the wipe may take to come.
+    gaps, gap_start, replaced = [], None, False
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and not replaced:
+        now, names = time.monotonic(), {s["metadata"]["name"] for s in node_slices(agent)}
+        complete = published_devices(agent) == devices_before
+        if not complete and gap_start is None:
+            gap_start = now
+        if complete and gap_start is not None:
+            gaps.append(now - gap_start)
+            gap_start = None
+        replaced = complete and names != names_before
+        time.sleep(0.1)
+    assert gap_start is None, "the agent's devices were still not published 40 s after the restart"
+    # "restored within about a second" (README), with room for a loaded 2-core machine.
+    assert max(gaps, default=0) < 5, gaps
     wait_for(lambda: agent.kubectl("get", "node", agent.name, "-o",
                                    "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}")
              .strip() == "True", timeout=60, interval=0.25, what="the node Ready again")
-    # The agent re-registers with the new kubelet; its slices are there (or back) within the
-    # agent's re-registration time and a new Pod with a claim is served.
-    wait_for(lambda: node_slices(agent), timeout=60, interval=0.25, what="the agent's slices")
     text = example("one-gpu.yaml", pod="after-restart")
     agent.kubectl("-n", ns, "apply", "-f", "-", input=text)
     agent.wait_running(ns, "after-restart")
-    took = time.monotonic() - started
     assert container_id(agent.pod(ns, "one-gpu")) == before
-    assert {s["metadata"]["name"] for s in node_slices(agent)} == slices_before
-    assert took < 90, took
-    assert not kubelet_warnings(agent, ns)
+    assert published_devices(agent) == devices_before
+    assert not kubelet_failures(agent, ns)
 
 
 def test_a_rolling_update_while_a_pod_starts_fails_no_prepare(agent: Node, ns: str) -> None:
@@ -106,7 +124,7 @@ def test_a_rolling_update_while_a_pod_starts_fails_no_prepare(agent: Node, ns: s
         agent.wait_running(ns, f"during-{i}", timeout=120)
     wait_agent_ready(agent)
     assert agent_pods(agent)[0]["metadata"]["uid"] != old_uid
-    assert not kubelet_warnings(agent, ns)
+    assert not kubelet_failures(agent, ns)
 
 
 def test_helm_uninstall_removes_the_agents_slices(agent: Node) -> None:
