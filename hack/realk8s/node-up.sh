@@ -26,7 +26,8 @@
 #   cgroup v1 hierarchy (with cgroupsPerQOS off the kubelet names no parent, and containerd
 #   defaults to its namespace); down.sh kills what is in them and removes them.
 #
-# Writes DIR/node.env (pids, node name, IP) and prints the node name when the Node is Ready.
+# Writes DIR/node.env (pids, node name, IP), DIR/chart-values.yaml (what the chart needs on this
+# node: pullPolicy Never, the API server's address) and prints the node name when it is Ready.
 # Stop everything with hack/realk8s/down.sh DIR.
 set -euo pipefail
 
@@ -305,6 +306,17 @@ for _ in $(seq 1 300); do
     inside "${KUBECTL[@]}" -n default get serviceaccount default >/dev/null 2>&1 && break
     sleep 0.1
 done
+# What the chart needs on this node: images are imported, never pulled, and no kube-proxy turns
+# the kubernetes Service into the API server, so the agent is told its address (it runs with
+# hostNetwork, in this namespace).
+cat >"$DIR/chart-values.yaml" <<EOF
+# helm install ... -f $DIR/chart-values.yaml: the node-up.sh node's own values.
+image:
+  pullPolicy: Never
+extraEnv:
+  - {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}
+  - {name: KUBERNETES_SERVICE_PORT, value: "$API_PORT"}
+EOF
 awk -v a="$t0" -v b="$t_ctrd" -v c="$t_kubelet" -v d="$t_ready" 'BEGIN {
     printf "node-up.sh: control plane and containerd %.1f s, node Ready %.1f s after the kubelet started\n", b - a, d - c }' >&2
 echo "node-up.sh: $NODE_NAME Ready (state in $DIR; clients: hack/realk8s/node-exec.sh $DIR CMD...)" >&2

@@ -67,20 +67,14 @@ def node(images: Path) -> Iterator[Node]:
 
 
 def chart_values(node: Node, **overrides: Any) -> list[str]:
-    """The chart's values for this node: the simulated profile with device nodes runc can
-    create, the imported image (never pulled), and the API server's address, since no
-    kube-proxy turns the kubernetes Service into one."""
-    values = {
-        "simulate": PROFILE,
-        "simulateDeviceNodes": "true",
-        "image.pullPolicy": "Never",
-        "extraEnv[0].name": "KUBERNETES_SERVICE_HOST", "extraEnv[0].value": "127.0.0.1",
-        "extraEnv[1].name": "KUBERNETES_SERVICE_PORT", "extraEnv[1].value": node.api_port,
-    }
+    """helm's value arguments: the node's own (node-up.sh's chart-values.yaml: the imported
+    image, never pulled; the API server's address), the simulated profile with device nodes
+    runc can create (as hack/realk8s/node-playground.sh installs it), then ``overrides``."""
+    values = {"simulate": PROFILE, "simulateDeviceNodes": "true"}
     values.update({k: str(v) for k, v in overrides.items()})
-    args: list[str] = []
+    args = ["-f", str(node.dir / "chart-values.yaml")]
     for key, value in values.items():
-        args += ["--set-string" if key.endswith(".value") else "--set", f"{key}={value}"]
+        args += ["--set", f"{key}={value}"]
     return args
 
 

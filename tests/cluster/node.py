@@ -61,10 +61,6 @@ class Node:
                 values[key] = value
         return values
 
-    @property
-    def api_port(self) -> str:
-        return self.env["API_PORT"]
-
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists as the node's mount namespace sees it (its /run is a tmpfs
         of its own; /proc/<pid>/root would resolve the /var/run symlink on the host's)."""
