@@ -209,7 +209,9 @@ class EditsProvider:
         if self.simulated:
             paths = simulated_node_paths(device)
             return ContainerEdits(env=describe_env(device),
-                                  device_nodes=self._stand_ins([(device, p) for p in paths]))
+                                  device_nodes=self._stand_ins([(device, p) for p in paths]),
+                                  net_devices=self._simulated_netdev(device, interface_name,
+                                                                     move_netdev))
         try:
             edits = self._hardware_edits(device, interface_name, move_netdev)
             # Discovery's node list is used only where no kind-specific rule exists: for the
@@ -262,6 +264,20 @@ class EditsProvider:
                 nets = (net_device(host.if_name, interface_name),)
             return ContainerEdits(device_nodes=rdma, net_devices=nets)
         return ContainerEdits()
+
+    def _simulated_netdev(self, device: Device, interface_name: str | None,
+                          move_netdev: bool) -> tuple[NetDevice, ...]:
+        """With stand-in nodes (``--simulate-device-nodes``), a simulated NIC whose claim asks
+        for the move names its interface as real hardware would: the runtime then moves the
+        interface of that name from the agent's network namespace (a veth made for it on a
+        test node), exactly the edit a real NIC gets. Without stand-ins: none, as before."""
+        if (self.simulated_nodes is None or not move_netdev or not device.host.if_name
+                or device_kind(device) != DeviceKind.NIC):
+            return ()
+        try:
+            return (net_device(device.host.if_name, interface_name),)
+        except HostLookupError as err:
+            raise DeviceEditsError(device, err.reason) from err
 
     def _stand_ins(self, wanted: Sequence[tuple[Device, str]]) -> tuple[DeviceNode, ...]:
         """The stand-in nodes of (device, container path) pairs, made where missing; none

@@ -271,3 +271,21 @@ def test_a_path_that_would_leave_the_directory_is_refused(tmp_path: Path) -> Non
     with pytest.raises(DeviceEditsError, match="not a device node path"):
         provider(tmp_path / "sim", maker()).edits_for(odd)
     assert not (tmp_path / "etc").exists()
+
+
+def test_a_simulated_nic_moves_its_interface_only_when_its_claim_asks(tmp_path: Path) -> None:
+    """With stand-ins a simulated NIC gets the netDevices edit real hardware would (the runtime
+    then moves an interface of that name from the agent's network namespace); without the
+    claim's move, or without stand-ins, none."""
+    device = rdma_nic()
+    made_by = maker()
+    edits = provider(tmp_path / "sim", made_by)
+    moved = edits.edits_for(device, interface_name="net1", move_netdev=True)
+    assert [(n.host_interface_name, n.name) for n in moved.net_devices] == [
+        (device.host.if_name, "net1")]
+    assert moved.env == describe_env(device)
+    assert not edits.edits_for(device, move_netdev=False).net_devices
+    assert not edits.edits_for(gpu(), move_netdev=True).net_devices
+    assert not EditsProvider(simulated=True).edits_for(device, move_netdev=True).net_devices
+    with pytest.raises(DeviceEditsError, match="not a valid Linux interface name"):
+        edits.edits_for(device, interface_name="a/b", move_netdev=True)
