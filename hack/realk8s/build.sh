@@ -151,19 +151,21 @@ build_helm() {
     [ "$print" = 0 ] || echo "$out"
 }
 
-# containerd 2.x, its runc shim and ctr from their own module (containerd/go.mod): the whole
-# node's runtime (tests/cluster). Debian 12's containerd is 1.6, which predates CDI; 2.x's CRI
-# plugin applies the CDI devices the kubelet names (ContainerConfig.CDIDevices). Pure Go
-# (CGO_ENABLED=0) without the snapshotters this node does not use; runc itself and the CNI
-# plugins are Debian's (runc, containernetworking-plugins). Prints bin/node when asked.
+# containerd 2.x, its runc shim and ctr from their own module (containerd/go.mod), and runc
+# from its own (runc/go.mod): the whole node's runtime (tests/cluster). Debian 12's containerd
+# is 1.6, which predates CDI; 2.x's CRI plugin applies the CDI devices the kubelet names
+# (ContainerConfig.CDIDevices). Debian's runc 1.1.5 predates OCI linux.netDevices (CDI
+# netDevices), which runc 1.4+ implements. containerd is pure Go (CGO_ENABLED=0, without the
+# snapshotters this node does not use); runc needs cgo and libseccomp-dev. The CNI plugins are
+# Debian's (containernetworking-plugins): nothing of them is version-specific here.
 build_containerd() {
-    local mod="$HERE/containerd" out="$HERE/bin/node"
+    local mod="$HERE/containerd" runc_mod="$HERE/runc" out="$HERE/bin/node"
     local version
     version="$(awk '$1 == "github.com/containerd/containerd/v2" && $2 ~ /^v/ {print $2; exit}' "$mod/go.mod")"
     [ -n "$version" ] || die "$mod/go.mod does not require github.com/containerd/containerd/v2"
     local stamp bins="containerd containerd-shim-runc-v2 ctr"
-    stamp="$( (cat "$mod/go.mod" "$mod/go.sum" "$0"; go version) | sha256sum | cut -c1-16)"
-    if all_executable "$out" $bins && [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ]; then
+    stamp="$( (cat "$mod/go.mod" "$mod/go.sum" "$runc_mod/go.mod" "$runc_mod/go.sum" "$0"; go version) | sha256sum | cut -c1-16)"
+    if all_executable "$out" $bins runc && [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$stamp" ]; then
         echo "build.sh: containerd ($version) is current, nothing to do (0 s)" >&2
         echo "$out"
         return
@@ -173,7 +175,7 @@ build_containerd() {
     start=$(date +%s)
     tmp="$(mktemp -d "$HERE/bin/.build-node.XXXXXX")"
     log="$HERE/bin/build-node.log"
-    echo "build.sh: building ${bins// /, } $version (a cold build takes about 4 min on 2 cores)" >&2
+    echo "build.sh: building ${bins// /, } $version and runc (a cold build takes about 4 min on 2 cores)" >&2
     # containerd's own Makefile stamps its version package the same way.
     if ! (cd "$mod" && CGO_ENABLED=0 go build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
             -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$version" \
@@ -181,8 +183,13 @@ build_containerd() {
         rm -rf "$tmp"
         build_failed containerd "$log"
     fi
+    if ! (cd "$runc_mod" && CGO_ENABLED=1 go build -trimpath -tags seccomp -ldflags "-s -w" \
+            -o "$tmp/runc" github.com/opencontainers/runc) >>"$log" 2>&1; then
+        rm -rf "$tmp"
+        build_failed runc "$log"
+    fi
     mkdir -p "$out"
-    for b in $bins; do mv -f "$tmp/$b" "$out/$b"; done
+    for b in $bins runc; do mv -f "$tmp/$b" "$out/$b"; done
     rmdir "$tmp"
     echo "$stamp" >"$out/.stamp"
     echo "build.sh: containerd ($version) built in $(( $(date +%s) - start )) s" >&2

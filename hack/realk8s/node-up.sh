@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Starts a whole one-node Kubernetes 1.37 cluster as root, every bit of its state under DIR:
 # etcd and kube-apiserver (up.sh), kube-controller-manager, kube-scheduler, containerd 2.x with
-# its CRI plugin and CDI, Debian's runc and CNI plugins, and the real kubelet.
+# its CRI plugin and CDI, runc 1.5, Debian's CNI plugins, and the real kubelet.
 #
 #   hack/realk8s/node-up.sh [--node-name NAME] [--images DIR] DIR
 #
-# Needs hack/realk8s/build.sh 1.37 node (the binaries) and, as root, the Debian packages runc,
-# containernetworking-plugins and iproute2. --images DIR: every *.tar there (docker archives,
+# Needs hack/realk8s/build.sh 1.37 node (the binaries, runc among them) and, as root, the
+# Debian packages containernetworking-plugins and iproute2. --images DIR: every *.tar there (docker archives,
 # python -m hack.image build) is imported into containerd's k8s.io namespace before the
 # kubelet starts; the sandbox image must be among them (registry.k8s.io/pause:local).
 #
@@ -55,11 +55,11 @@ done
 BIN="$HERE/bin/1.37"
 NBIN="$HERE/bin/node"
 for b in "$BIN"/{etcd,kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kubectl} \
-         "$NBIN"/{containerd,containerd-shim-runc-v2,ctr}; do
+         "$NBIN"/{containerd,containerd-shim-runc-v2,ctr,runc}; do
     [ -x "$b" ] || die "$b is missing: run hack/realk8s/build.sh 1.37 node first"
 done
-RUNC="$(command -v runc || true)"
-[ -n "$RUNC" ] || die "no runc on PATH: apt-get install runc"
+# runc 1.5 from its Go module (build.sh node): Debian's 1.1.5 ignores linux.netDevices.
+RUNC="$NBIN/runc"
 [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] && [ -x /usr/lib/cni/loopback ] ||
     die "no CNI plugins in /usr/lib/cni: apt-get install containernetworking-plugins"
 command -v ip >/dev/null || die "no ip command: apt-get install iproute2"

@@ -174,15 +174,12 @@ def test_first_available_with_config_for_the_subrequest_and_the_parent(agent: No
     assert env["CONFIG_PARENT"] == "request"
 
 
-def test_a_nics_interface_move_reaches_the_oci_spec(agent: Node, ns: str) -> None:
+def test_a_nics_interface_moves_into_the_pod(agent: Node, ns: str) -> None:
     """CDI netDevices through the real runtime: the simulated NIC's interface exists in the
     node's network namespace (a veth made here, where the agent's hostNetwork Pod sees it);
     the claim asks for it to move, renamed net1. containerd 2.4 applies the edit to the OCI
-    spec (linux.netDevices); Debian 12's runc 1.1.5 (runtime-spec 1.0.2) does not implement
-    that field, so the interface stays in the node's namespace: this test says so, and fails
-    the day a runc that moves it is used, to be updated then."""
-    agent.run("ip", "link", "add", "ibp24s0", "type", "veth", "peer", "name", "ibp24s0-peer",
-              check=False)
+    spec (linux.netDevices) and runc 1.5 moves it (Debian's 1.1.5 ignored the field)."""
+    agent.run("ip", "link", "add", "ibp24s0", "type", "veth", "peer", "name", "ibp24s0-peer")
     try:
         apply_example(agent, ns, "nic-netdev.yaml")
         pod = agent.wait_running(ns, "nic-netdev")
@@ -193,8 +190,8 @@ def test_a_nics_interface_move_reaches_the_oci_spec(agent: Node, ns: str) -> Non
                   "k8s.io" / cid / "config.json")
         oci = json.loads(bundle.read_text())
         assert oci["linux"]["netDevices"] == {"ibp24s0": {"name": "net1"}}, oci["linux"]
-        # runc 1.1.5 leaves it where it was.
-        assert "net1" not in log
-        assert "ibp24s0" in agent.run("ip", "-o", "link", "show").stdout
+        assert re.search(r"^\d+: net1[:@]", log, re.M), log
+        node_links = agent.run("ip", "-o", "link", "show").stdout
+        assert not re.search(r"^\d+: ibp24s0[:@]", node_links, re.M), node_links
     finally:
         agent.run("ip", "link", "del", "ibp24s0", check=False)
