@@ -5,6 +5,14 @@ discovery first (what to publish and prepare), then the ResourceSlice controller
 plugin (the DRA socket serves before the registration socket exists), then the HTTP endpoint,
 and READY=1 to systemd only once the registration socket answers.
 
+/readyz waits for more: the kubelet's confirmation of the registration. A DaemonSet's rolling
+update stops the old Pod as soon as the new one is Ready, and the kubelet drops the old
+instance when its socket goes; a new one that is Ready before the kubelet has registered it
+leaves the node without the driver for a moment (pods failing to prepare). READY=1 does not
+wait for the kubelet: systemd's start timeout would fail the unit, and hold up what is ordered
+after it, whenever the kubelet is slow or down (it registers plugins only once its runtime is
+up); the STATUS= line says when the kubelet has confirmed instead.
+
 Stop order is the reverse. ResourceSlices are kept on purpose: the kubelet wipes them after
 30 s if the agent does not come back, and a restart within that window costs no write.
 """
@@ -131,9 +139,11 @@ class Daemon:
         self._inventory = Inventory(devices=())
         self._threads: dict[str, threading.Thread] = {}
         self._cleanups: list[Callable[[], None]] = []
-        # Whether "agent ready" / "waiting for slices" were logged (start, then the run loop).
+        # Whether "agent ready" / "not ready until" were logged (start, then the run loop).
         self._said_ready = False
         self._said_waiting = False
+        # The kubelet's confirmation as the last STATUS= line told systemd (run loop).
+        self._status_registered = False
         self.controller: Any = None
         self.plugin: Any = None
         self.http: Any = None
@@ -257,22 +267,41 @@ class Daemon:
         watchdog = self.notifier.run_watchdog(self.stop_event, self.healthy, self.environ)
         if watchdog is not None:
             self._threads["sd-watchdog"] = watchdog
-        self.notifier.ready(
-            f"serving {len(inventory.devices)} devices; "
-            f"slices {'published' if self.controller.active else 'not published (no API)'}"
-        )
+        # The sockets answer: the kubelet can register the plugin. Not waiting for it to have
+        # done so is deliberate (the module's docstring says why); STATUS= follows it.
+        self._status_registered = bool(self.plugin.registered)
+        self.notifier.ready(self._status_text())
         self._log_ready()
 
+    def _status_text(self) -> str:
+        """systemd's STATUS= line: the kubelet's registration, devices, slices."""
+        registered = self.plugin is not None and self.plugin.registered
+        slices = "published" if self.controller is not None and self.controller.active \
+            else "not published (no API)"
+        return (f"{'registered with the kubelet' if registered else 'waiting for the kubelet'}; "
+                f"serving {len(self.inventory.devices)} devices; slices {slices}")
+
+    def _update_status(self) -> None:
+        """A new STATUS= line when the kubelet's confirmation came or went (run loop)."""
+        registered = self.plugin is not None and self.plugin.registered
+        if registered != self._status_registered:
+            self._status_registered = registered
+            self.notifier.status(self._status_text())
+
     def _log_ready(self) -> None:
-        """"agent ready" once /readyz would say so (slices in sync); until then, one line
-        saying what it waits for. Called again from the run loop until it has been said."""
+        """"agent ready" once /readyz would say so (the kubelet has confirmed the registration,
+        slices in sync); until then, one line saying what it waits for. Called again from the
+        run loop until it has been said."""
         if self._said_ready:
             return
-        ok, why = self._check_slices()
-        if not ok:
+        checks = ((self._check_slices, "ResourceSlices are in sync"),
+                  (self._check_registered, "the kubelet confirms the registration"))
+        waiting = [(until, why) for check, until in checks for ok, why in [check()] if not ok]
+        if waiting:
             if not self._said_waiting:
-                log.info("agent serving the kubelet; not ready until ResourceSlices are in sync",
-                         extra={"node": self.cfg.node_name, "waiting_for": why})
+                log.info(f"agent serving; not ready until {' and '.join(u for u, _ in waiting)}",
+                         extra={"node": self.cfg.node_name,
+                                "waiting_for": "; ".join(why for _, why in waiting)})
                 self._said_waiting = True
             return
         self._said_ready = True
@@ -504,9 +533,20 @@ class Daemon:
         return True, "background threads alive"
 
     def _check_registered(self) -> tuple[bool, str]:
-        ok = (self.plugin is not None and self.plugin.serving
-              and self.plugin.paths.registration.is_socket())
-        return ok, "both sockets serving" if ok else "registration socket not serving"
+        """Readiness only: the kubelet has confirmed the registration of the socket now
+        listening. Sockets alone are not enough (a rolling update would stop the old instance
+        before the kubelet knows the new one); a kubelet that is down must not fail liveness.
+        """
+        plugin = self.plugin
+        if plugin is None or not plugin.serving or not plugin.paths.registration.is_socket():
+            return False, "registration socket not serving"
+        status = plugin.registration.status
+        if status is None:
+            return False, "sockets serving, the kubelet has not confirmed the registration yet"
+        if not status.registered:
+            return False, (f"sockets serving, the kubelet refused the registration "
+                           f"({status.error or 'no reason given'}); the socket is recreated")
+        return True, "registered with the kubelet"
 
     def _check_slices(self) -> tuple[bool, str]:
         if self.controller is None or not self.controller.active:
@@ -550,6 +590,7 @@ class Daemon:
         try:
             while not self.stop_event.wait(0.5):
                 self._log_ready()
+                self._update_status()
                 ok, why = self._check_threads()
                 if not ok:
                     self._fatal = why

@@ -1,9 +1,12 @@
 """The plugin registration service on ``<kubelet>/plugins_registry/<driver>-reg.sock``.
 
 ``GetInfo`` answers from memory (the kubelet allows 1 s). ``NotifyRegistrationStatus`` is
-recorded. A kubelet that reports failure, or never calls within ``timeout_s``, does not retry on
-its own (kubernetes #133725), so the socket is then recreated: the kubelet's directory watcher
-sees a new socket and starts a fresh registration.
+recorded: ``registered`` is true only while the kubelet's latest word on the socket now
+listening is a confirmation (the agent's /readyz waits for it). A kubelet that reports failure,
+or never calls within ``timeout_s``, does not retry on its own (kubernetes #133725), so the
+socket is then recreated: the kubelet's directory watcher sees a new socket and starts a fresh
+registration. A confirmation that arrives during the pause before recreating (a 1.36+ kubelet
+retries by itself) keeps the socket.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ class RegistrationStatus:
 
 
 class _Servicer(reg_grpc.RegistrationServicer):  # type: ignore[misc]
-    def __init__(self, owner: RegistrationServer) -> None:
+    def __init__(self, owner: RegistrationServer, generation: int) -> None:
         self._owner = owner
+        #: Which of the owner's sockets this one serves (``RegistrationServer.generation``).
+        self._generation = generation
 
     def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         o = self._owner
@@ -51,7 +56,8 @@ class _Servicer(reg_grpc.RegistrationServicer):  # type: ignore[misc]
     def NotifyRegistrationStatus(  # noqa: N802
         self, request: Any, context: grpc.ServicerContext
     ) -> Any:
-        self._owner.notified(RegistrationStatus(request.plugin_registered, request.error))
+        self._owner.notified(RegistrationStatus(request.plugin_registered, request.error),
+                             generation=self._generation)
         return reg_pb2.RegistrationStatusResponse()
 
 
@@ -78,6 +84,8 @@ class RegistrationServer:
         #: a new registration.
         self.recreations = 0
         self._status: RegistrationStatus | None = None
+        #: Counts the sockets listened on; a notice from a replaced one is not about this one.
+        self._generation = 0
         self._server: Any = None
         self._cond = threading.Condition()
         self._stopping = False
@@ -85,14 +93,25 @@ class RegistrationServer:
 
     @property
     def status(self) -> RegistrationStatus | None:
+        """The kubelet's latest notice about the socket now listening; None before it, and
+        again from the moment the watchdog replaces the socket until the new one's."""
         return self._status
 
     @property
     def registered(self) -> bool:
-        return self._status is not None and self._status.registered
+        """The kubelet has confirmed the registration of the socket now listening."""
+        status = self._status
+        return status is not None and status.registered
 
-    def notified(self, status: RegistrationStatus) -> None:
+    def notified(self, status: RegistrationStatus, *, generation: int | None = None) -> None:
+        """Record the kubelet's notice; ``generation``: the socket it came in on (None: the
+        current one). A notice that reaches a socket being replaced is dropped: it is about
+        a registration the kubelet is about to drop, not the new socket's."""
         with self._cond:
+            if generation is not None and generation != self._generation:
+                log.info("registration notice for a replaced socket ignored",
+                         extra={"driver": self.driver, "registered": status.registered})
+                return
             self._status = status
             self._cond.notify_all()
         if status.registered:
@@ -135,7 +154,7 @@ class RegistrationServer:
             maximum_concurrent_rpcs=8,
             options=[("grpc.max_receive_message_length", 64 * 1024)],
         )
-        reg_grpc.add_RegistrationServicer_to_server(_Servicer(self), server)
+        reg_grpc.add_RegistrationServicer_to_server(_Servicer(self, self._generation), server)
         bind_unix(server, self.path)
         server.start()
         self._server = server
@@ -174,11 +193,17 @@ class RegistrationServer:
                 refusals += 1
                 delay = min(self.retry_delay_s * 2 ** (refusals - 1), self.timeout_s)
                 with self._cond:
-                    if self._cond.wait_for(lambda: self._stopping, delay):
-                        return
-            self._shutdown(0)
+                    if self._cond.wait_for(lambda: self._stopping or self.registered, delay):
+                        if self._stopping:
+                            return
+                        # The kubelet retried on this socket and registered it: keep it.
+                        refusals = 0
+                        continue
             with self._cond:
+                # From here the old socket's notices are stale, and nothing is confirmed.
+                self._generation += 1
                 self._status = None
+            self._shutdown(0)
             self._listen()
             # Counted once the new socket answers: a reader seeing the count never reaches
             # the old one, which stays on disk until _shutdown removes it.

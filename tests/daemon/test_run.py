@@ -130,7 +130,8 @@ def test_restart_with_same_hardware_writes_nothing(workdir: Path, apiserver: Fak
     kubeconfig = str(apiserver.write_kubeconfig(workdir / "kubeconfig"))
     first = Agent(workdir, kubeconfig)
     try:
-        first.wait_http("/readyz")
+        # No kubelet confirms the registration here (/readyz waits for that): slices only.
+        first.wait_http("/readyz/slices")
     finally:
         assert first.terminate() == 0
     before = {s["metadata"]["name"]: s["metadata"]["resourceVersion"]
@@ -138,7 +139,7 @@ def test_restart_with_same_hardware_writes_nothing(workdir: Path, apiserver: Fak
     apiserver.clear_requests()
     second = Agent(workdir, kubeconfig)
     try:
-        second.wait_http("/readyz")
+        second.wait_http("/readyz/slices")
         time.sleep(1.0)
     finally:
         assert second.terminate() == 0

@@ -69,7 +69,9 @@ def node() -> Iterator[Node]:
         agent = AgentProcess(dirs, cluster.kubeconfig, "--health-quiet-period", QUIET_S,
                              "--health-taint-effects", "xid=NoExecute")
         try:
-            agent.wait_http("/readyz")
+            # No kubelet here to confirm the registration (/readyz waits for it): the slices
+            # are what the tests read.
+            agent.wait_http("/readyz/slices")
             yield Node(dirs, cluster, agent)
         finally:
             reap([agent])

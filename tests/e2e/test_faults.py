@@ -180,7 +180,7 @@ def test_slices_republished_on_an_empty_server_are_owned_by_the_new_node(
     dirs: NodeDirs, cluster: Cluster, start_agent: StartAgent
 ) -> None:
     server = cluster.server
-    start_agent().wait_http("/readyz")
+    start_agent().wait_http("/readyz/slices")  # no kubelet here to confirm the registration
     before = cluster.published_devices()
     server.restart(keep_state=False)
     cluster.seed()  # the kubelet registers the Node again: same name, new UID

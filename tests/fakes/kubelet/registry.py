@@ -194,6 +194,14 @@ class PluginWatcher:
         with self._cond:
             return list(self._state.failures)
 
+    def held(self, driver: str) -> list[Registration]:
+        """The instances of ``driver`` in the kubelet's store (actual state), oldest first:
+        like the real one, the stand-in adds an instance there before it notifies the plugin,
+        so one that took a ``plugin_registered=true`` notice is already held."""
+        with self._cond:
+            return [a.registration for a in self._state.active.values()
+                    if a.registration is not None and a.registration.driver == driver]
+
     def registered(self, driver: str) -> Registration | None:
         """The instance calls go to: the most recently registered live one."""
         with self._cond:
