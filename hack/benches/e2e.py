@@ -60,7 +60,7 @@ def wipe_to_restored(rounds: int) -> list[float]:
             dirs = NodeDirs(root)
             agent = AgentProcess(dirs, cluster.kubeconfig)
             try:
-                agent.wait_http("/readyz")
+                agent.wait_http("/readyz/slices")  # the stand-in kubelet starts below
                 before = _devices(server, NODE)
                 with KubeletStandIn(dirs.registry, api_client=server.api_client(),
                                     node_name=NODE) as kubelet:

@@ -110,7 +110,7 @@ def owner(tb):
 def snap():
     while True:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz/slices", timeout=1) as r:
                 if r.status == 200:
                     break
         except OSError:

@@ -46,7 +46,8 @@ class Serving(Protocol):
 def wait_settled(cluster: RealCluster, node: str, agent: Serving,
                  quiet: float = 2.0, timeout: float = 40.0) -> dict[str, str]:
     """Wait until the agent is ready and its slices stop changing for ``quiet`` seconds."""
-    agent.wait_http("/readyz", timeout=timeout)
+    # Slices in sync: the kubelet that would confirm the registration may not be started yet.
+    agent.wait_http("/readyz/slices", timeout=timeout)
     deadline = time.monotonic() + timeout
     last = revisions(cluster, node)
     since = time.monotonic()
