@@ -3,7 +3,7 @@
 # etcd and kube-apiserver (up.sh), kube-controller-manager, kube-scheduler, containerd 2.x with
 # its CRI plugin and CDI, runc 1.5, Debian's CNI plugins, and the real kubelet.
 #
-#   hack/realk8s/node-up.sh [--node-name NAME] [--images DIR] DIR
+#   hack/realk8s/node-up.sh [--node-name NAME] [--images DIR] [--kubelet-arg ARG]... DIR
 #
 # Needs hack/realk8s/build.sh 1.37 node (the binaries, runc among them) and, as root, the
 # Debian packages containernetworking-plugins and iproute2. --images DIR: every *.tar there (docker archives,
@@ -38,11 +38,13 @@ die() { echo "node-up.sh: $*" >&2; exit 1; }
 
 NODE_NAME=dra-node
 IMAGES=""
+KUBELET_ARGS=()
 DIR=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --node-name) NODE_NAME="${2:?--node-name needs a value}"; shift 2 ;;
         --images) IMAGES="${2:?--images needs a value}"; shift 2 ;;
+        --kubelet-arg) KUBELET_ARGS+=("${2:?--kubelet-arg needs a value}"); shift 2 ;;
         -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         -*) die "unknown option $1" ;;
         *) [ -z "$DIR" ] || die "only one DIR, got '$DIR' and '$1'"; DIR="$1"; shift ;;
@@ -280,7 +282,7 @@ spawn "$BIN/kubelet" \
     --config="$N/kubelet.yaml" \
     --kubeconfig="$DIR/node-$NODE_NAME.kubeconfig" \
     --root-dir=/var/lib/kubelet --cert-dir="$N/kubelet-pki" \
-    --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" \
+    --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" "${KUBELET_ARGS[@]}" \
     </dev/null >"$N/logs/kubelet.log" 2>&1 &
 KUBELET_PID=$!
 write_node_env

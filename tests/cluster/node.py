@@ -107,6 +107,12 @@ class Node:
         (self.dir / "node.env").write_text(
             text.replace(f"KUBELET_PID={pid}\n", f"KUBELET_PID={proc.pid}\n"))
 
+    def dra_log(self) -> str:
+        """The kubelet's lines about DRA plugins (registration, connections), for a failure."""
+        lines = (self.dir / "node" / "logs" / "kubelet.log").read_text(errors="replace")
+        keep = [line[:400] for line in lines.splitlines() if "DRA" in line or "plugin" in line]
+        return "\n".join(keep[-60:])
+
     # -- waiting ------------------------------------------------------------------------------
 
     def pod(self, ns: str, name: str) -> Any:

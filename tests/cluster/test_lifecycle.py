@@ -124,7 +124,8 @@ def test_a_rolling_update_while_a_pod_starts_fails_no_prepare(agent: Node, ns: s
         agent.wait_running(ns, f"during-{i}", timeout=120)
     wait_agent_ready(agent)
     assert agent_pods(agent)[0]["metadata"]["uid"] != old_uid
-    assert not kubelet_failures(agent, ns)
+    failures = kubelet_failures(agent, ns)
+    assert not failures, (failures, old_uid, agent.dra_log())
 
 
 def test_helm_uninstall_removes_the_agents_slices(agent: Node) -> None:
