@@ -22,15 +22,10 @@ import pytest
 from tests.conftest import REPO
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.kubelet import KubeletStandIn
+from tests.ports import free_port
 
 DRIVER = "dra-agent.io"
 NODE = "node-e2e"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import yaml
 
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.kubelet import ClaimRef, KubeletStandIn, PrepareResult, Registration
+from tests.ports import free_port
 from tests.waiting import wait_for as poll
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,12 +41,6 @@ METADATA_DIR = "dra-device-metadata"
 GPU_CLASS = f"gpu.{DRIVER}"
 NIC_CLASS = f"nic.{DRIVER}"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 10.0,
