@@ -13,6 +13,7 @@ helm with, and these tests skip, saying so.
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
 import os
 import re
@@ -113,8 +114,13 @@ def helm() -> Path:
         pytest.skip("bin/helm is not built and there is no Go (>= 1.26) to build it with: "
                     "run hack/realk8s/build.sh helm")
     env = {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"}
-    out = subprocess.run([str(BUILD), "helm"], capture_output=True, text=True, timeout=1700,
-                         check=False, env=env)
+    # One build at a time: each pytest-xdist worker asks for helm in its own session, and
+    # build.sh would build it cold in every one of them at once; the next one finds it current.
+    HELM.parent.mkdir(parents=True, exist_ok=True)
+    with (HELM.parent / ".helm-test.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out = subprocess.run([str(BUILD), "helm"], capture_output=True, text=True,
+                             timeout=1700, check=False, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(HELM)
     return HELM
