@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -17,6 +18,45 @@ settings.register_profile("explore", derandomize=False, database=None)
 settings.load_profile("derandomized")
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    """pyproject.toml's addopts run the suite on pytest-xdist workers (--numprocesses,
+    --dist). With the plugin off (``-p no:xdist``) those options would be unknown and every
+    run an error: they are taken here instead and mean nothing; the run is serial, as with
+    ``-n 0``."""
+    if not pluginmanager.has_plugin("xdist"):
+        group = parser.getgroup("xdist", "pytest-xdist (off: its options are ignored)")
+        group.addoption("--numprocesses", dest="numprocesses", default=0)
+        group.addoption("--dist", dest="dist", default="no")
+
+
+# The fuzz tests' line in the terminal summary (tests/fuzz/report.py). Here, not in
+# tests/fuzz/conftest.py: a pytest-xdist controller collects nothing and loads only this
+# conftest, and the workers, where the fuzzing happens, hand it their counts.
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    from tests.fuzz.report import write_summary
+
+    write_summary(terminalreporter)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.fuzz.report import REPORT
+
+    worker_output = getattr(session.config, "workeroutput", None)  # on an xdist worker
+    if worker_output is not None and REPORT.ran:
+        worker_output["fuzz_report"] = REPORT.worker_output()
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown to pytest without the plugin
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    from tests.fuzz.report import REPORT
+
+    fuzzed = getattr(node, "workeroutput", {}).get("fuzz_report")
+    if fuzzed is not None:
+        REPORT.add_worker(fuzzed)
 CDI_CHECK = REPO / "hack" / "cdi-check.sh"
 
 

@@ -26,26 +26,15 @@ from agent.common.metrics import Metrics
 from agent.plugin import PluginOptions, PluginServer
 from discovery.model import Inventory
 from protos.dra.v1 import api_pb2, api_pb2_grpc
-from tests.fuzz.report import REPORT, failed_fuzz_tests
+from tests.fuzz.report import REPORT
 
 DRIVER = "dra-agent.io"
 NODE = "fuzz-node"
 SPEC_NAME = re.compile(r"k8s\.dra-agent\.io-claim_(?P<uid>[^/]+)\.json")
 #: FuzzNode.count kinds that are input cases (the others count outcomes of those cases).
 CASE_KINDS = ("claims", "opaque configs", "requests", "huge batch claims")
-MUTATION_TEST = "tests/fuzz/test_mutation.py::test_ten_thousand_mutated_inputs_break_no_parser"
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """One line in every run that fuzzed: how many cases, how many failed, peak memory."""
-    if not REPORT.ran:
-        return
-    failed = [r.nodeid for key in ("failed", "error")
-              for r in terminalreporter.stats.get(key, [])
-              if getattr(r, "nodeid", "").startswith("tests/fuzz/")]
-    terminalreporter.write_sep("-", "fuzzing")
-    terminalreporter.write_line(REPORT.line(
-        failed_fuzz_tests(failed, MUTATION_TEST, REPORT.mutation_failures)))
+# The fuzz line of the terminal summary: tests/conftest.py writes it (tests/fuzz/report.py),
+# also under pytest-xdist, whose controller never loads this file.
 
 
 class FuzzClaims:
