@@ -14,6 +14,7 @@ never registers an endpoint that does not answer yet.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
@@ -57,6 +58,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+#: Seconds an instance that has deregistered keeps serving while a successor is registered:
+#: the kubelet's plugin watcher reconciles every second, then it calls the successor only.
+HANDOVER_DRAIN_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +199,23 @@ class PluginServer:
         server.start()
         self._dra = server
 
+    def _handover_drain_s(self, grace_s: float) -> float:
+        """How long to keep serving after deregistering: ``HANDOVER_DRAIN_S`` (within the
+        grace period) while another instance of this driver is registered beside this one (a
+        rolling update's successor), else nothing."""
+        registry = self.paths.registration.parent
+        driver = self.options.driver_name
+        def sibling(path: Path) -> bool:  # another instance's registration socket
+            name = path.name
+            return path != self.paths.registration and (
+                name == f"{driver}-reg.sock"
+                or (name.startswith(f"{driver}-") and name.endswith("-reg.sock")))
+        try:
+            others = [p for p in registry.iterdir() if sibling(p)]
+        except OSError:
+            return 0.0
+        return min(HANDOVER_DRAIN_S, grace_s) if others else 0.0
+
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop registration first (the kubelet stops sending), then the DRA service.
 
@@ -204,6 +225,16 @@ class PluginServer:
         if not self._lock.held:
             return
         self.registration.stop(min(grace_s, 1.0))
+        drain = self._handover_drain_s(grace_s)
+        if drain > 0 and self._dra is not None:
+            # The kubelet holds this instance until its plugin watcher sees the registration
+            # socket gone (its next reconcile, 1 s) and calls the newest *connected* instance
+            # of the driver: right after a kubelet restart the successor may not be connected
+            # yet, and a call refused here failed a Pod's prepare on a real node
+            # (tests/cluster: FailedPrepareDynamicResources during a rolling update).
+            log.info("handing over to a newer instance: still serving",
+                     extra={"driver": self.options.driver_name, "seconds": drain})
+            time.sleep(drain)
         if self._dra is not None:
             self._dra.stop(grace_s).wait()
             self._dra = None

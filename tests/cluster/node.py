@@ -38,7 +38,10 @@ class Node:
 
     @classmethod
     def up(cls, dir: Path, images: Path) -> Node:
-        out = subprocess.run([str(REALK8S / "node-up.sh"), "--images", str(images), str(dir)],
+        # -v=2: the DRA plugin manager's registrations and connections, for a failure's
+        # report (dra_log).
+        out = subprocess.run([str(REALK8S / "node-up.sh"), "--images", str(images),
+                              "--kubelet-arg", "-v=2", str(dir)],
                              capture_output=True, text=True, timeout=300, check=False)
         if out.returncode != 0:
             subprocess.run([str(REALK8S / "down.sh"), str(dir)], capture_output=True, timeout=120,

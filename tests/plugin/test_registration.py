@@ -143,3 +143,41 @@ def test_instance_lock_names_the_holder(tmp_path: Path) -> None:
         InstanceLock(tmp_path / "instance.lock").acquire()
     first.release()
     InstanceLock(tmp_path / "instance.lock").acquire()
+
+
+def test_an_instance_handing_over_keeps_serving_after_it_deregistered(short_root: Path) -> None:
+    """A rolling update's old instance removes its registration socket first, then keeps its
+    DRA socket serving for HANDOVER_DRAIN_S while the successor is registered: the real
+    kubelet may still call it until its plugin watcher's next reconcile."""
+    import threading
+    import time
+
+    from agent.plugin import HANDOVER_DRAIN_S
+    from protos.dra.v1 import api_pb2 as dra_pb2
+    from protos.dra.v1 import api_pb2_grpc as dra_grpc
+
+    a = build_node(short_root, rolling_update=True, pod_uid="pod-a")
+    b_server = a.new_server(pod_uid="pod-b")
+    b_server.start()
+    try:
+        wait_for(lambda: len(a.kubelet.registrations) == 2, what="both instances registered")
+        started = time.monotonic()
+        stopping = threading.Thread(target=a.server.stop, args=(10.0,))
+        stopping.start()
+        wait_for(lambda: not a.server.paths.registration.exists(), what="a deregistered")
+        with grpc.insecure_channel(f"unix://{a.server.paths.dra}") as channel:
+            answer = dra_grpc.DRAPluginStub(channel).NodePrepareResources(
+                dra_pb2.NodePrepareResourcesRequest(claims=[]), timeout=5)
+        assert not answer.claims  # served, after deregistering
+        stopping.join(timeout=30)
+        assert not stopping.is_alive()
+        assert time.monotonic() - started >= HANDOVER_DRAIN_S
+        assert not a.server.paths.dra.exists()
+        # Alone, an instance stops at once: nothing to hand over to.
+        started = time.monotonic()
+        b_server.stop(10.0)
+        assert time.monotonic() - started < HANDOVER_DRAIN_S
+    finally:
+        a.kubelet.stop()
+        b_server.stop(0)
+        a.server.stop(0)
