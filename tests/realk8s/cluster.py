@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -80,7 +81,14 @@ class RealCluster:
 
     @classmethod
     def up(cls, dir: Path, minor: str, *args: str) -> RealCluster:
-        out = script("up.sh", "--version", minor, *args, str(dir))
+        # One start at a time on the machine: up.sh takes free ports by binding port 0 and
+        # closing it, seconds before etcd and kube-apiserver bind them, and a second start
+        # meanwhile (another pytest-xdist worker's) could be handed the same ones.
+        lock_path = HACK / "bin" / ".up.lock"
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with lock_path.open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            out = script("up.sh", "--version", minor, *args, str(dir))
         if out.returncode != 0:
             raise RuntimeError(f"up.sh failed ({out.returncode}): {out.stderr.strip()}")
         return cls(dir, minor)
