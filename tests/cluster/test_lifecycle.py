@@ -64,6 +64,35 @@ def test_deleting_the_agents_pod_leaves_workloads_running(agent: Node, ns: str) 
     assert not kubelet_failures(agent, ns)
 
 
+def test_a_rolling_update_while_a_pod_starts_fails_no_prepare(agent: Node, ns: str) -> None:
+    old_uid = agent_pods(agent)[0]["metadata"]["uid"]
+    upgrade: dict[str, Any] = {}
+
+    def helm_upgrade() -> None:
+        # A changed pod annotation: a new DaemonSet revision, rolled out with maxSurge 1 (the
+        # new agent registers beside the old one before the old one stops).
+        values = chart_values(agent, **{"podAnnotations.rollout": str(time.time())})
+        upgrade["out"] = agent.helm("upgrade", RELEASE, str(CHART), "-n", AGENT_NS, *values,
+                                    check=False)
+
+    thread = threading.Thread(target=helm_upgrade)
+    thread.start()
+    try:
+        for i in range(3):
+            text = example("one-gpu.yaml", pod=f"during-{i}")
+            agent.kubectl("-n", ns, "apply", "-f", "-", input=text)
+            time.sleep(1)
+    finally:
+        thread.join(timeout=300)
+    assert upgrade["out"].returncode == 0, upgrade["out"].stderr
+    for i in range(3):
+        agent.wait_running(ns, f"during-{i}", timeout=120)
+    wait_agent_ready(agent)
+    assert agent_pods(agent)[0]["metadata"]["uid"] != old_uid
+    failures = kubelet_failures(agent, ns)
+    assert not failures, (failures, old_uid, agent.dra_log())
+
+
 def test_a_kubelet_restart_keeps_pods_running_and_slices_published(agent: Node, ns: str) -> None:
     apply_example(agent, ns, "one-gpu.yaml")
     before = container_id(agent.wait_running(ns, "one-gpu"))
@@ -97,35 +126,6 @@ def test_a_kubelet_restart_keeps_pods_running_and_slices_published(agent: Node, 
     assert container_id(agent.pod(ns, "one-gpu")) == before
     assert published_devices(agent) == devices_before
     assert not kubelet_failures(agent, ns)
-
-
-def test_a_rolling_update_while_a_pod_starts_fails_no_prepare(agent: Node, ns: str) -> None:
-    old_uid = agent_pods(agent)[0]["metadata"]["uid"]
-    upgrade: dict[str, Any] = {}
-
-    def helm_upgrade() -> None:
-        # A changed pod annotation: a new DaemonSet revision, rolled out with maxSurge 1 (the
-        # new agent registers beside the old one before the old one stops).
-        values = chart_values(agent, **{"podAnnotations.rollout": str(time.time())})
-        upgrade["out"] = agent.helm("upgrade", RELEASE, str(CHART), "-n", AGENT_NS, *values,
-                                    check=False)
-
-    thread = threading.Thread(target=helm_upgrade)
-    thread.start()
-    try:
-        for i in range(3):
-            text = example("one-gpu.yaml", pod=f"during-{i}")
-            agent.kubectl("-n", ns, "apply", "-f", "-", input=text)
-            time.sleep(1)
-    finally:
-        thread.join(timeout=300)
-    assert upgrade["out"].returncode == 0, upgrade["out"].stderr
-    for i in range(3):
-        agent.wait_running(ns, f"during-{i}", timeout=120)
-    wait_agent_ready(agent)
-    assert agent_pods(agent)[0]["metadata"]["uid"] != old_uid
-    failures = kubelet_failures(agent, ns)
-    assert not failures, (failures, old_uid, agent.dra_log())
 
 
 def test_helm_uninstall_removes_the_agents_slices(agent: Node) -> None:
