@@ -7,6 +7,8 @@ import json
 import subprocess
 from typing import Any
 
+import pytest
+
 from tests.e2e.harness import DRIVER, GPU_CLASS, NIC_CLASS, PCIE_ROOT
 from tests.realk8s.agent import make_claim, published, scheduler_allocate, wait_settled
 from tests.realk8s.cluster import RESOURCE, RealCluster, bin_dir
@@ -29,6 +31,7 @@ def run_allocate(minor: str, doc: Any) -> tuple[int, dict[str, Any]]:
     return out.returncode, json.loads(lines[0])
 
 
+@pytest.mark.versioned  # the scheduler's allocator of the minor under test
 def test_allocator_and_explain_agree_on_the_agents_slices(
     cluster: RealCluster, node: str, start_agent: StartAgent
 ) -> None:

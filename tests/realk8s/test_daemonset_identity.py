@@ -8,6 +8,8 @@ import json
 import time
 from typing import Any
 
+import pytest
+
 from tests.e2e.harness import DRIVER, NIC_CLASS, ref
 from tests.fakes.kubelet import KubeletStandIn
 from tests.realk8s.agent import (
@@ -191,6 +193,7 @@ def test_nic_claim_status_is_written(
     assert "claim status" not in agent.logs() or "forbidden" not in agent.logs().lower()
 
 
+@pytest.mark.versioned  # granular status authorization: 1.36+ refuses, 1.35 allows
 def test_status_write_needs_the_driver_rule_since_1_36(
     start_cluster: StartCluster, start_agent: StartAgent, kubelet: KubeletStandIn, minor: str
 ) -> None:

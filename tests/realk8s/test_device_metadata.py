@@ -11,11 +11,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.e2e.harness import DRIVER, GPU_CLASS, NodeDirs
 from tests.realk8s.agent import allocate
 from tests.realk8s.cluster import RealCluster
 from tests.realk8s.conftest import StartAgent, StartKubelet
 from tests.realk8s.test_kubelet_dra import agent_and_kubelet, get_pod, inject
+
+# Versioned: device metadata (KEP-5304) is new in 1.37: the 1.35 kubelet knows nothing of it.
+pytestmark = pytest.mark.versioned
 
 ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 

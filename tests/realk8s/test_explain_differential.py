@@ -14,6 +14,7 @@ import subprocess
 import time
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tests.explain.differential import (
@@ -29,6 +30,9 @@ from tests.explain.differential import (
     uids_of,
 )
 from tests.realk8s.cluster import bin_dir
+
+# Versioned: the allocator of each minor, with its own quirks (explain --kubernetes-version).
+pytestmark = pytest.mark.versioned
 
 CASES = 2000  # per minor; with other gate settings too, a quarter goes to those
 #: How often a 1.35 answer that depends on Go map order is asked again (2 pools: 1 in 2 orders).

@@ -63,6 +63,7 @@ def test_install_dry_run_on_the_server(helm_on: tuple[RealCluster, Path]) -> Non
     assert ds.returncode == 0 and ds.stdout.strip() == "", ds.stdout + ds.stderr
 
 
+@pytest.mark.versioned  # the chart's objects through each minor's schema and validation
 def test_rendered_objects_pass_strict_server_validation(
         helm_on: tuple[RealCluster, Path]) -> None:
     cluster, tmp = helm_on

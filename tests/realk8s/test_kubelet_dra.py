@@ -85,6 +85,7 @@ def agent_and_kubelet(cluster: RealCluster, node: str, start_agent: StartAgent,
     return agent, kubelet
 
 
+@pytest.mark.versioned  # the 1.35 kubelet lists each CDI ID twice after its restart
 @pytest.mark.parametrize("identity", ["node", "daemonset"])
 def test_kubelet_prepares_restarts_and_unprepares(
     cluster: RealCluster, node: str, identity: str, dirs: NodeDirs, start_agent: StartAgent,

@@ -10,11 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.e2e.harness import DRIVER, GPU_CLASS, NodeDirs
 from tests.realk8s.agent import allocate, wait_settled
 from tests.realk8s.cluster import RealCluster
 from tests.realk8s.conftest import StartAgent, StartKubelet
 from tests.realk8s.test_kubelet_dra import agent_and_kubelet, get_pod, inject
+
+# Versioned: extended resources: GA in 1.37, alpha and off in 1.35 (the field is dropped).
+pytestmark = pytest.mark.versioned
 
 RESOURCE = "dra-agent.io/gpu"  # the shipped gpu class's extendedResourceName
 

@@ -26,6 +26,9 @@ from tests.realk8s.test_kubelet_dra import claim_from_template, get_pod
 from tests.realk8s.test_node_identity import pod_using
 from tests.waiting import wait_for
 
+# Versioned: the health service each kubelet picks (v1 on 1.37, v1alpha1 on 1.35) and its gates.
+pytestmark = pytest.mark.versioned
+
 
 class InProcessAgent:
     """The agent as a Daemon in this process: ready once its plugin serves and its slices

@@ -39,6 +39,7 @@ def statuses_after(plugin: FakePlugin, seconds: float) -> list[tuple[bool, str]]
         return list(plugin.statuses)
 
 
+@pytest.mark.versioned  # 1.35 never retries, 1.37 backs off
 def test_a_second_socket_on_a_registered_endpoint(
     cluster: RealCluster, node: str, dirs: NodeDirs, start_kubelet: StartKubelet,
     plugins: list[FakePlugin], minor: str,
@@ -80,6 +81,7 @@ def test_a_second_socket_on_a_registered_endpoint(
         assert second.wait_status(len(seen) + 1, timeout=10)[-1] == (True, "")
 
 
+@pytest.mark.versioned  # 1.35 keeps the registration, 1.37 retries
 def test_a_failed_notice_of_success(
     cluster: RealCluster, node: str, dirs: NodeDirs, start_kubelet: StartKubelet,
     plugins: list[FakePlugin], minor: str,

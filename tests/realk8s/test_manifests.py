@@ -17,6 +17,7 @@ from tests.realk8s.conftest import StartCluster
 TARGETS = ["base", "overlays/simulated", "overlays/gpu-node"]
 
 
+@pytest.mark.versioned  # deploy/ through each minor's schema and CEL
 def test_every_target_applies_server_side(start_cluster: StartCluster) -> None:
     cluster = start_cluster()
     for target in TARGETS:
@@ -36,6 +37,7 @@ def test_every_target_applies_server_side(start_cluster: StartCluster) -> None:
     assert vap["spec"]["failurePolicy"] == "Fail"
 
 
+@pytest.mark.versioned  # each minor's CEL compiler (the check above's teeth)
 def test_the_server_compiles_the_policy_cel(start_cluster: StartCluster) -> None:
     """The check above has teeth: a policy whose CEL does not compile is refused."""
     cluster = start_cluster()
@@ -61,6 +63,7 @@ def ident(obj: dict[str, Any]) -> tuple[str, str, str]:
     return (obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
 
 
+@pytest.mark.versioned  # deploy/ through each minor's strict validation
 def test_dry_run_of_every_rendered_object(start_cluster: StartCluster) -> None:
     cluster = start_cluster()
     for target in TARGETS:
@@ -78,6 +81,7 @@ def test_dry_run_of_every_rendered_object(start_cluster: StartCluster) -> None:
         assert out.returncode == 0, f"{target}: {out.stderr}"
 
 
+@pytest.mark.versioned  # the doctor pod through each minor's validation
 def test_the_doctor_pod_is_accepted_next_to_the_base(cluster: RealCluster) -> None:
     """deploy/doctor/pod.yaml, with its node filled in as the README says, passes the real
     server's strict validation (and the namespace's privileged Pod Security level)."""

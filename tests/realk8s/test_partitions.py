@@ -12,10 +12,15 @@ import json
 import subprocess
 from typing import Any
 
+import pytest
+
 from tests.e2e.harness import DRIVER
 from tests.realk8s.agent import wait_settled
 from tests.realk8s.cluster import RESOURCE, RealCluster, bin_dir
 from tests.realk8s.conftest import StartAgent, StartCluster
+
+# Versioned: DRAPartitionableDevices: on since 1.36, a gate of its own cluster on 1.35.
+pytestmark = pytest.mark.versioned
 
 GATE = "DRAPartitionableDevices=true"
 MIG_CLASS = f"mig.{DRIVER}"

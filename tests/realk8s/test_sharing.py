@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.e2e.harness import DRIVER, NodeDirs
 from tests.realk8s.agent import allocate, revisions, wait_settled
 from tests.realk8s.cluster import RealCluster
@@ -19,6 +21,9 @@ from tests.realk8s.conftest import StartAgent, StartKubelet
 from tests.realk8s.test_kubelet_dra import get_pod
 from tests.realk8s.test_node_identity import pod_using
 from tests.waiting import wait_for
+
+# Versioned: DRAConsumableCapacity: on since 1.36, off on 1.35 (whole GPUs there).
+pytestmark = pytest.mark.versioned
 
 SHARED_CLASS = f"gpu-shared.{DRIVER}"
 

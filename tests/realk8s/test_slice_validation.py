@@ -35,6 +35,9 @@ from discovery.sharing import parse_sharing_list
 from tests.e2e.harness import DRIVER
 from tests.realk8s.cluster import RealCluster, status_text
 
+# Versioned: each minor's slice validation and the fields its default gates drop.
+pytestmark = pytest.mark.versioned
+
 #: What each minor's default feature gates drop from a slice (kube_features.go of each).
 DROPPED_BY_DEFAULT = {
     "1.37": set(),

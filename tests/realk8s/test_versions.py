@@ -14,6 +14,9 @@ from tests.realk8s.cluster import RESOURCE, RealCluster
 from tests.realk8s.conftest import StartAgent, StartCluster
 from tests.realk8s.test_node_identity import pod_using
 
+# Versioned: the older resource.k8s.io versions as each minor serves and converts them.
+pytestmark = pytest.mark.versioned
+
 
 def claim_body(version: str, name: str) -> dict[str, Any]:
     request: dict[str, Any] = {"name": "gpu"}
