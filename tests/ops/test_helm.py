@@ -28,11 +28,12 @@ import yaml
 
 from agent import __version__
 from agent.commands.run import command as run_command
-from agent.common.config import ALL_DEVICE_TYPES, Config, pop_config
+from agent.common.config import ALL_DEVICE_TYPES, Config
 from agent.httpserver import parse_address
 from tests.conftest import REPO
 from tests.ops.kustomize import render
 from tests.ops.openapi import KUBE_VERSIONS, OpenAPI, swagger
+from tests.ops.runconfig import run_config
 
 CHART = REPO / "deploy" / "helm" / "dra-agent"
 BUILD = REPO / "hack" / "realk8s" / "build.sh"
@@ -290,21 +291,11 @@ def _agent_config(objects: list[Obj]) -> Config:
     args = [re.sub(r"\$\((\w+)\)", lambda m: fields[m.group(1)], a) for a in container["args"]]
     env = {e["name"]: e["value"] for e in container["env"]
            if e["name"].startswith("DRA_AGENT_") and "value" in e}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     try:
-        ctx = run_command.make_context("run", args[1:])
-        with ctx:
-            return pop_config(dict(ctx.params))
+        return run_config(args[1:], env)
     except click.ClickException as err:
         message = err.format_message()
         raise AssertionError(f"the agent refuses the chart's arguments: {message}") from err
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _assert_mounted_where_the_agent_looks(objects: list[Obj], cfg: Config) -> None:

@@ -8,34 +8,20 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from agent.cli import main
-from agent.commands.run import command as run_command
-from agent.common.config import Config, pop_config
+from agent.common.config import Config
 from tests.conftest import REPO
+from tests.ops.runconfig import run_config as parse_run
 
 ENV = "DRA_AGENT_SIMULATE_DEVICE_NODES"
 
 
 def run_config(*args: str, env: dict[str, str] | None = None) -> Config:
-    """The Config ``run`` would start with, without starting it."""
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
-    try:
-        ctx = run_command.make_context("run", list(args))
-        with ctx:
-            kwargs: dict[str, Any] = dict(ctx.params)
-            return pop_config(kwargs)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return parse_run(args, env)
 
 
 def agent(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
