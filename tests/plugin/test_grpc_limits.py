@@ -22,7 +22,7 @@ from discovery.model import Inventory
 from protos.dra.v1 import api_pb2 as pb
 from protos.dra.v1 import api_pb2_grpc as pb_grpc
 from tests.fakes.kubelet import KubeletStandIn, PluginCallError
-from tests.plugin.conftest import DRIVER, NODE, ClaimBook, Node, NodeEdits, gpu, make_claim, ref
+from tests.plugnode import DRIVER, NODE, ClaimBook, Node, NodeEdits, gpu, make_claim, ref
 from tests.waiting import wait_for
 
 

@@ -29,7 +29,7 @@ from discovery.model import Inventory
 from protos.drahealth.v1 import api_pb2 as v1
 from protos.drahealth.v1alpha1 import api_pb2 as v1alpha1
 from tests.fakes.kubelet import HEALTH_SERVICES_135, HEALTH_SERVICES_137, KubeletStandIn
-from tests.plugin.conftest import DRIVER, NODE, ClaimBook, NodeEdits, gpu, nic
+from tests.plugnode import DRIVER, NODE, ClaimBook, NodeEdits, gpu, nic
 from tests.waiting import wait_for
 
 LINK_DOWN = DeviceHealth(

@@ -11,7 +11,7 @@ import pytest
 
 from agent.checkpoint.model import ClaimState, decode
 from tests.fakes.kubelet import KubeletStandIn
-from tests.plugin.conftest import DRIVER, NODE, Node, build_node, make_claim, ref
+from tests.plugnode import DRIVER, NODE, Node, build_node, make_claim, ref
 
 
 def spec_of(node: Node, claim: dict) -> dict:

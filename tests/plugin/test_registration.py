@@ -19,7 +19,7 @@ from agent.plugin.sockets import (
 )
 from protos.pluginregistration import api_pb2, api_pb2_grpc
 from tests.fakes.kubelet import KubeletStandIn
-from tests.plugin.conftest import DRIVER, build_node
+from tests.plugnode import DRIVER, build_node
 from tests.waiting import wait_for
 
 

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from agent.plugin.sockets import InstanceLock, SocketError
-from tests.plugin.conftest import DRIVER, build_node
+from tests.plugnode import DRIVER, build_node
 
 
 def _reachable_by_others(path: Path) -> bool:

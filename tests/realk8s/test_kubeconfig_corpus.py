@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from agent.kube.transport import Response
-from tests.kubehttp.corpus import (
+from tests.kube.corpus import (
     WHOAMI,
     WHOAMI_BODY,
     Bench,
