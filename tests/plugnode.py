@@ -15,16 +15,23 @@ from __future__ import annotations
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.checkpoint.store import CheckpointStore
 from agent.claim.model import ClaimNotFoundError, ClaimRef
+from agent.common.failpoints import Failpoints
 from agent.common.metrics import Metrics
+from agent.daemon import wiring
+from agent.daemon.wiring import plugin_server
 from agent.plugin import PluginOptions, PluginServer
+from agent.prepare import CDIClaimSpecs, ClaimBuilder, ClaimMetadata, DevicePreparer, EnvOnlyEdits
+from agent.prepare.cdispecs import DeviceEdits
+from agent.prepare.options import PrepareOptions
 from cdi.spec import ContainerEdits, DeviceNode
 from discovery.model import Device, DeviceType, HostInfo, Inventory
 from tests.fakes.kubelet import ClaimRef as KubeletClaimRef
@@ -121,17 +128,19 @@ class Node:
 
     root: Path
     options: PluginOptions
+    prepare_options: PrepareOptions
     book: ClaimBook
     inventory: list[Device]
     metrics: Metrics
     server: PluginServer
     kubelet: KubeletStandIn
-    #: GPU-wide share settings (agent.prepare.enforce); None as on a node without nvidia-smi.
+    #: GPU-wide share settings (agent.prepare.gpucontrol); None as on a node without
+    #: nvidia-smi.
     gpu_control: Any = None
 
     @property
     def cdi_dir(self) -> Path:
-        return self.options.cdi_dir
+        return self.prepare_options.cdi_dir
 
     @property
     def checkpoint(self) -> Path:
@@ -144,13 +153,12 @@ class Node:
         return self.kubelet.unprepare(DRIVER, [ref(c) for c in claims])
 
     def new_server(self, **changes: Any) -> PluginServer:
-        from dataclasses import replace
-
-        opts = replace(self.options, **changes)
-        self.options = opts
-        return PluginServer(
-            opts, None, lambda: Inventory(devices=tuple(self.inventory)), NodeEdits(),
-            self.metrics, claim_source=self.book, gpu_control=self.gpu_control,
+        """A plugin server of this node; ``changes`` to its PluginOptions or PrepareOptions."""
+        self.options, self.prepare_options = split_options(self.options, self.prepare_options,
+                                                           changes)
+        return plugin_server(
+            self.options, self.prepare_options, lambda: Inventory(devices=tuple(self.inventory)),
+            NodeEdits(), self.book, metrics=self.metrics, gpu_control=self.gpu_control,
         )
 
     def restart(self, **changes: Any) -> None:
@@ -171,17 +179,38 @@ def short_root() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def build_node(root: Path, **option_changes: Any) -> Node:
+def split_options(
+    plugin: PluginOptions, prepare: PrepareOptions, changes: Mapping[str, Any]
+) -> tuple[PluginOptions, PrepareOptions]:
+    """``changes`` applied to whichever of the two option objects has each field."""
+    names = {f.name for f in fields(PluginOptions)}
+    unknown = set(changes) - names - {f.name for f in fields(PrepareOptions)}
+    if unknown:
+        raise TypeError(f"no such option: {sorted(unknown)}")
+    return (replace(plugin, **{k: v for k, v in changes.items() if k in names}),
+            replace(prepare, **{k: v for k, v in changes.items() if k not in names}))
+
+
+def node_options(root: Path, **changes: Any) -> tuple[PluginOptions, PrepareOptions]:
+    """The options of a test node under ``root`` (its boot ID file written)."""
     boot = root / "boot_id"
     boot.write_text("boot-1\n")
-    options = PluginOptions(
-        driver_name=DRIVER, node_name=NODE, kubelet_dir=root / "kubelet",
-        cdi_dir=root / "cdi", registration_timeout_s=10, boot_id_path=boot, **option_changes,
-    )
+    kubelet_dir = root / "kubelet"
+    plugin = PluginOptions(driver_name=DRIVER, kubelet_dir=kubelet_dir,
+                           registration_timeout_s=10)
+    prepare = PrepareOptions(driver_name=DRIVER, node_name=NODE,
+                             plugin_dir=kubelet_dir / "plugins" / DRIVER, cdi_dir=root / "cdi",
+                             boot_id_path=boot)
+    return split_options(plugin, prepare, changes)
+
+
+def build_node(root: Path, **option_changes: Any) -> Node:
+    options, prepare = node_options(root, **option_changes)
     book = ClaimBook()
     inventory = [gpu(i) for i in range(8)] + [nic(0), nic(1)]
     metrics = Metrics()
-    node = Node(root, options, book, inventory, metrics, None, None)  # type: ignore[arg-type]
+    node = Node(root, options, prepare, book, inventory, metrics,
+                None, None)  # type: ignore[arg-type]
     node.server = node.new_server()
     node.server.start()
     node.kubelet = KubeletStandIn(options.kubelet_dir / "plugins_registry").start()
@@ -195,3 +224,23 @@ def node(short_root: Path) -> Iterator[Node]:
     yield n
     n.kubelet.stop()
     n.server.stop(0)
+
+
+def device_preparer(
+    root: Path, inventory: Callable[[], Inventory], *, edits: DeviceEdits | None = None,
+    boot_id: str = "boot-1", checkpoint: CheckpointStore | None = None,
+    metadata: ClaimMetadata | None = None, failpoints: Failpoints | None = None,
+    **effects: Any,
+) -> DevicePreparer:
+    """A preparer without a plugin around it: spec files under ``root/cdi``, the checkpoint
+    at ``root/state/checkpoint.json``, the agent's own effects in the agent's own order
+    (``agent.daemon.wiring.effects``; ``effects``: its gpu_control, mig, sriov, rescan,
+    mps_pipe_dir); no metadata files unless ``metadata``."""
+    ordered = wiring.effects(inventory, metadata=metadata or ClaimMetadata(DRIVER, None, False),
+                             failpoints=failpoints, **effects)
+    builder = ClaimBuilder(driver=DRIVER, pool=NODE, node_name=NODE,
+                           specs=CDIClaimSpecs(root / "cdi", DRIVER, edits or EnvOnlyEdits()),
+                           boot_id=boot_id, effects=ordered)
+    return DevicePreparer(
+        builder=builder, inventory=inventory, failpoints=failpoints,
+        checkpoint=checkpoint or CheckpointStore(root / "state" / "checkpoint.json"))

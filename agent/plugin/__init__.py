@@ -1,9 +1,10 @@
-"""The kubelet plugin: registration, the DRA gRPC services, prepare/unprepare, checkpoint.
+"""The kubelet plugin: registration and the DRA gRPC services around a ``Preparer``.
 
-The daemon builds one ``PluginServer`` and calls ``start()`` and ``stop()``::
+The composition root (``agent.daemon.wiring``) builds the preparer and one ``PluginServer``
+around it, as upstream's ``kubeletplugin.Start`` takes a driver's ``DRAPlugin``::
 
-    server = PluginServer(options, api_client, inventory_provider, edits, metrics)
-    server.start()          # recovers the checkpoint, serves dra.sock, then registers
+    server = PluginServer(options, preparer, claims, metrics)
+    server.start()          # recovers, serves dra.sock, then registers
     ...
     server.stop(grace_s=5)  # stops serving and removes both sockets
 
@@ -15,16 +16,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.checkpoint.store import CheckpointStore, read_boot_id
 from agent.common.failpoints import Failpoints
 from agent.common.metrics import Metrics
-from agent.plugin.framework import APIClaimSource, ClaimSource, PluginFramework
+from agent.plugin.framework import APIClaimSource, ClaimSource, PluginFramework, Preparer
 from agent.plugin.limits import MAX_STREAMS, StreamSlots, max_concurrent_rpcs, server_options
 from agent.plugin.registration import DRA_SERVICES, HEALTH_SERVICES, RegistrationServer
 from agent.plugin.server import add_dra_services
@@ -37,23 +36,16 @@ from agent.plugin.sockets import (
     remove_socket,
     socket_paths,
 )
-from agent.prepare.cdispecs import CDIClaimSpecs, DeviceEdits
-from agent.prepare.claimmetadata import ClaimMetadata
-from agent.prepare.enforce import GpuControl
-from agent.prepare.metadata import HOST_SUBDIR
-from agent.prepare.metadatafiles import HostMetadataFiles
-from agent.prepare.recovery import recover
-from agent.prepare.state import DevicePreparer
-from discovery.model import Inventory
 
 if TYPE_CHECKING:
-    from agent.prepare.partitions import MigPartitions
-    from agent.prepare.vfs import VfProvisioner
+    from agent.health.stream import HealthServicer
 
 __all__ = [
+    "APIClaimSource",
     "AlreadyRunningError",
     "PluginOptions",
     "PluginServer",
+    "Preparer",
     "SocketError",
 ]
 
@@ -65,76 +57,40 @@ HANDOVER_DRAIN_S = 2.0
 
 @dataclass(frozen=True, slots=True)
 class PluginOptions:
+    """The plugin's sockets and registration; what a prepare does is the preparer's
+    (``agent.prepare.options.PrepareOptions``)."""
+
     driver_name: str
-    node_name: str
     kubelet_dir: Path = Path("/var/lib/kubelet")
-    cdi_dir: Path = Path("/var/run/cdi")
     pod_uid: str | None = None
     rolling_update: bool = False
     registration_timeout_s: float = 30.0
-    boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
-    #: Pool of this node's devices; the DESIGN names it after the node.
-    pool_name: str | None = None
     #: Threads for prepare/unprepare calls; health streams get their own on top
     #: (``agent.plugin.limits``).
     max_workers: int = 16
-    #: Write a device metadata file per request and mount it into the containers
-    #: (``agent.prepare.metadata``). On by default, where the upstream helper's
-    #: ``EnableDeviceMetadata`` option is off unless a driver enables it: the file holds only
-    #: what the ResourceSlice publishes, and 1.35's runtimes apply the mount like any other.
-    device_metadata: bool = True
-    #: The node's MPS control daemon's pipe directory, for shares asking for MPS
-    #: (``agent.prepare.enforce``); None: no daemon the agent knows of.
-    mps_pipe_dir: Path | None = None
-
-    @property
-    def pool(self) -> str:
-        return self.pool_name or self.node_name
 
 
 class PluginServer:
-    def __init__(  # noqa: PLR0917 (the daemon's call shape is fixed)
+    def __init__(
         self,
         options: PluginOptions,
-        api_client: Any,
-        inventory_provider: Callable[[], Inventory],
-        edits: DeviceEdits,
+        preparer: Preparer,
+        claims: ClaimSource,
         metrics: Metrics | None = None,
-        health_servicer: Any = None,
         *,
-        claim_source: ClaimSource | None = None,
+        health_servicer: HealthServicer | None = None,
         failpoints: Failpoints | None = None,
-        gpu_control: GpuControl | None = None,
-        partitions: MigPartitions | None = None,
-        vfs: VfProvisioner | None = None,
     ) -> None:
-        if api_client is None and claim_source is None:
-            # Without an API server there is no claim to read: fail at start, not per call.
-            raise ValueError("the kubelet plugin needs an API client to read claims")
         self.options = options
         self.metrics = metrics or Metrics()
         self.paths: SocketPaths = socket_paths(
             options.kubelet_dir, options.driver_name, options.pod_uid, options.rolling_update
         )
-        self.checkpoint = CheckpointStore(self.paths.plugin_dir / "checkpoint.json", self.metrics)
-        self.specs = CDIClaimSpecs(options.cdi_dir, options.driver_name, edits)
-        # Always given the files, also when switched off: unprepare removes what a run with
-        # the feature on wrote.
-        metadata = ClaimMetadata(
-            options.driver_name, HostMetadataFiles(self.paths.plugin_dir / HOST_SUBDIR),
-            enabled=options.device_metadata,
-        )
-        self.preparer = DevicePreparer(
-            driver=options.driver_name, pool=options.pool, node_name=options.node_name,
-            checkpoint=self.checkpoint, specs=self.specs, inventory=inventory_provider,
-            boot_id=read_boot_id(options.boot_id_path), metrics=self.metrics,
-            metadata=metadata, gpu_control=gpu_control, mps_pipe_dir=options.mps_pipe_dir,
-            partitions=partitions, vfs=vfs,
-        )
+        self.preparer = preparer
         self.framework = PluginFramework(
             options.driver_name,
-            claim_source or APIClaimSource(api_client),
-            self.preparer,
+            claims,
+            preparer,
             self.metrics,
             serialize_lock=self.paths.serialize_lock if options.rolling_update else None,
             failpoints=failpoints,
@@ -165,7 +121,7 @@ class PluginServer:
         try:
             self.paths.plugin_dir.mkdir(parents=True, exist_ok=True)
             with self.framework.exclusive():
-                recover(self.preparer)
+                self.preparer.recover()
             self._serve_dra()
             self.registration.start()
         except BaseException:
@@ -239,5 +195,5 @@ class PluginServer:
             self._dra.stop(grace_s).wait()
             self._dra = None
         remove_socket(self.paths.dra)
-        self.checkpoint.close()
+        self.preparer.close()
         self._lock.release()

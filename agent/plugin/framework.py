@@ -41,7 +41,6 @@ from agent.common.failpoints import Failpoints, Point, hit
 from agent.common.metrics import Metrics
 from agent.kube.apiversions import CLAIM_API_VERSIONS, ServedVersions, discovery_probe
 from agent.kube.transport import KubeAPIError, as_kubehttp
-from agent.prepare.state import DevicePreparer
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +75,38 @@ class ClaimSource(Protocol):
 
     def get(self, ref: ClaimRef) -> Mapping[str, Any]:
         """The claim object; ClaimNotFoundError / ClaimFetchError when it cannot be had."""
+        ...
+
+
+class Preparer(Protocol):
+    """What the framework hands each checked claim to, as upstream's helper hands a driver's
+    ``DRAPlugin`` its claims (``agent.prepare.DevicePreparer``). It knows nothing of gRPC."""
+
+    driver: str
+    pool: str
+    node_name: str
+    failpoints: Failpoints | None
+
+    def prepare(self, claim: Claim) -> ClaimRecord:
+        """Prepare an allocated claim (UID checked); a ``ClaimError`` says why not."""
+        ...
+
+    def prepare_recorded(self, ref: ClaimRef) -> ClaimRecord | None:
+        """Answer a repeated prepare from what is recorded; None when the claim is needed."""
+        ...
+
+    def unprepare(self, uid: str, ref: ClaimRef | None = None) -> None: ...
+
+    def network_status(self, claim: Claim) -> list[NicStatus]: ...
+
+    def recorded_claim(self, ref: ClaimRef, record: ClaimRecord) -> Claim | None: ...
+
+    def recover(self) -> object:
+        """Finish what a crash interrupted; before the first call is served."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds open (the checkpoint); the last call."""
         ...
 
 
@@ -185,7 +216,7 @@ class PluginFramework:
         self,
         driver: str,
         claims: ClaimSource,
-        preparer: DevicePreparer,
+        preparer: Preparer,
         metrics: Metrics | None = None,
         serialize_lock: Path | None = None,
         *,

@@ -8,13 +8,15 @@ from agent.prepare.cdispecs import (
     EnvOnlyEdits,
 )
 from agent.prepare.claimmetadata import ClaimMetadata
+from agent.prepare.claimspec import ClaimBuilder
 from agent.prepare.devices import SpecDevice
 from agent.prepare.metadatafiles import HostMetadataFiles
+from agent.prepare.preparer import DevicePreparer
 from agent.prepare.recovery import RecoveryReport, recover
-from agent.prepare.state import DevicePreparer
 
 __all__ = [
     "CDIClaimSpecs",
+    "ClaimBuilder",
     "ClaimMetadata",
     "ClaimSpecs",
     "CommonEdits",

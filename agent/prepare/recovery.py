@@ -1,22 +1,31 @@
 """Start-up recovery: finish what a crash or a reboot interrupted, before the plugin serves.
 
-Rolls back prepares that never completed (with what they changed on the host: MIG partitions,
-VF drivers, GPU time slices), removes (or, after a corrupt checkpoint, adopts) spec
-files no record explains, removes device metadata files no record explains (kept after a
-corrupt checkpoint), and rebuilds the CDI spec and metadata files of every completed claim
-whose spec or file is lost or from another boot, so running pods' containers restart with
-their devices.
+Rolls back prepares that never completed (each effect undoing what their records name: MIG
+partitions, VF drivers and caps, GPU time slices, metadata files), removes (or, after a
+corrupt checkpoint, adopts) spec files no record explains, lets each effect reconcile the
+host with the completed records (a MIG partition a reboot dropped comes back; metadata files
+no record explains go, kept after a corrupt checkpoint), and rebuilds the CDI spec of every
+completed claim whose spec or file is lost or from another boot, so running pods' containers
+restart with their devices.
+
+It takes the stores and the effects, never the preparer: nothing here serves a call.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from agent.checkpoint.model import ClaimRecord, ClaimState, PreparedDevice
+from agent.checkpoint.store import CheckpointStore, CheckpointWriteError
 from agent.claim.model import ClaimError, ClaimRef
-from agent.prepare.state import DevicePreparer, now, put_record
-from discovery.model import Device
+from agent.common.metrics import Metrics
+from agent.prepare.claimspec import ClaimBuilder, now
+from agent.prepare.effects.base import Effect, Release, reversed_effects
+from agent.prepare.errors import CheckpointUnavailableError
+from agent.prepare.gauges import update_gauges
+from discovery.model import Device, Inventory
 
 log = logging.getLogger(__name__)
 
@@ -26,17 +35,30 @@ class RecoveryReport:
     rolled_back: tuple[str, ...] = ()
     orphans_removed: tuple[str, ...] = ()
     adopted: tuple[str, ...] = ()
-    #: ``<namespace>_<name>/<request>`` of device metadata files no record explained.
-    metadata_removed: tuple[str, ...] = ()
     #: Completed claims whose stale or lost spec was written again from the checkpoint.
     rebuilt: tuple[str, ...] = ()
     #: Claims whose spec could not be rebuilt (a device gone, ...): claim UID -> reason.
     not_rebuilt: tuple[tuple[str, str], ...] = ()
-    #: Interrupted prepares whose MIG partitions were destroyed (agent.prepare.partitions).
-    partitions_destroyed: tuple[str, ...] = ()
+    #: Effect name -> UIDs of interrupted prepares whose host changes it undid.
+    released: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Effect name -> what its reconcile removed that no record explained.
+    removed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def partitions_destroyed(self) -> tuple[str, ...]:
+        """Interrupted prepares whose MIG partitions were destroyed."""
+        return self.released.get("mig", ())
+
+    @property
+    def metadata_removed(self) -> tuple[str, ...]:
+        """``<namespace>_<name>/<request>`` of device metadata files no record explained."""
+        return self.removed.get("metadata", ())
 
 
-def recover(preparer: DevicePreparer) -> RecoveryReport:
+def recover(
+    *, checkpoint: CheckpointStore, builder: ClaimBuilder, effects: Sequence[Effect],
+    inventory: Callable[[], Inventory], metrics: Metrics,
+) -> RecoveryReport:
     """Finish what a crash interrupted; run once before serving.
 
     PrepareStarted records are rolled back (the kubelet will ask again). Spec files of ours
@@ -44,56 +66,62 @@ def recover(preparer: DevicePreparer) -> RecoveryReport:
     they are the best evidence of what is prepared, so they are adopted as recovered
     records that keep their devices reserved.
     """
-    from agent.prepare.partitions import reconcile
-
-    partitions_destroyed = reconcile(preparer)  # before the records it reads are rolled back
-    records = preparer.checkpoint.claims()
-    corrupt = bool(preparer.checkpoint.corrupt_copies)
-    set_aside = len(preparer.specs.corrupt_copies)
-    on_disk = preparer.specs.claim_devices()
-    preparer.metrics.cdi_spec_corrupt.inc(len(preparer.specs.corrupt_copies) - set_aside)
+    specs = builder.specs
+    records = checkpoint.claims()
+    corrupt = bool(checkpoint.corrupt_copies)
+    set_aside = len(specs.corrupt_copies)
+    on_disk = specs.claim_devices()
+    metrics.cdi_spec_corrupt.inc(len(specs.corrupt_copies) - set_aside)
     rolled_back = [u for u, r in records.items() if r.state is ClaimState.PREPARE_STARTED]
     orphans = [u for u in on_disk if u not in records]
     remaining = {u: r for u, r in records.items() if u not in rolled_back}
+    released: dict[str, list[str]] = {}
     for uid in rolled_back:
-        _undo_host(preparer, records[uid], remaining)
-        preparer.specs.remove(uid)
-        preparer.metadata.remove(records[uid])
+        for name in _undo(effects, records[uid], remaining):
+            released.setdefault(name, []).append(uid)
+        specs.remove(uid)
     adopted: dict[str, ClaimRecord] = {}
     if corrupt:
         for uid in orphans:
             adopted[uid] = ClaimRecord(
                 uid=uid, namespace="", name="", state=ClaimState.PREPARE_COMPLETED,
                 devices=tuple(
-                    PreparedDevice(pool=preparer.pool, device=d, requests=(),
-                                   cdi_ids=(preparer.specs.cdi_id(uid, d),))
+                    PreparedDevice(pool=builder.pool, device=d, requests=(),
+                                   cdi_ids=(specs.cdi_id(uid, d),))
                     for d in on_disk[uid]
                 ),
-                spec_path=str(preparer.specs.path(uid)), boot_id=preparer.boot_id,
+                spec_path=str(specs.path(uid)), boot_id=builder.boot_id,
                 updated=now(), recovered=True,
             )
     else:
         for uid in orphans:
-            preparer.specs.remove(uid)
+            specs.remove(uid)
 
     def change(claims: dict[str, ClaimRecord]) -> None:
         for uid in rolled_back:
             claims.pop(uid, None)
         claims.update(adopted)
 
-    preparer.checkpoint.update(change)
-    # After the roll-back: the files of a PrepareStarted record are orphans now.
-    swept = () if corrupt else preparer.metadata.sweep(preparer.checkpoint.claims())
-    rebuilt, not_rebuilt = _rebuild_specs(preparer)
+    checkpoint.update(change)
+    # After the roll-back: what a PrepareStarted record named is no record's now.
+    removed: dict[str, tuple[str, ...]] = {}
+    for effect in effects:
+        done = effect.reconcile(checkpoint.claims(), corrupt=corrupt)
+        if done.records:
+            checkpoint.update(_put_all(done.records))
+        if done.removed:
+            removed[effect.name] = done.removed
+    rebuilt, not_rebuilt = _rebuild_specs(checkpoint, builder, inventory, metrics)
     report = RecoveryReport(
         rolled_back=tuple(rolled_back),
         orphans_removed=() if corrupt else tuple(orphans),
         adopted=tuple(adopted),
-        metadata_removed=swept,
         rebuilt=rebuilt,
         not_rebuilt=not_rebuilt,
-        partitions_destroyed=partitions_destroyed,
+        released={k: tuple(v) for k, v in released.items()},
+        removed=removed,
     )
+    swept = [f"{k}:{v}" for k, vs in removed.items() for v in vs]
     if rolled_back or orphans or swept:
         log.warning(
             "recovered from an interrupted run",
@@ -101,26 +129,43 @@ def recover(preparer: DevicePreparer) -> RecoveryReport:
                 "rolled_back": ",".join(report.rolled_back),
                 "orphans_removed": ",".join(report.orphans_removed),
                 "adopted": ",".join(report.adopted),
-                "metadata_removed": ",".join(swept),
+                "removed": ",".join(swept),
             },
         )
-    preparer.update_gauges()
+    update_gauges(metrics, checkpoint.claims())
     return report
 
-def _undo_host(preparer: DevicePreparer, record: ClaimRecord,
-               remaining: dict[str, ClaimRecord]) -> None:
-    """Give back the VF drivers and GPU intervals of an interrupted prepare (its partitions
-    were reconciled before). Start-up goes on when that fails: the line says what to do."""
-    try:
-        preparer.undo_host(record.uid, record, partitions=False, remaining=remaining)
-    except Exception as err:  # a refusing VF or no inventory must not keep the plugin down
-        log.error("cannot undo a host change of an interrupted prepare; rebind the VF by "
-                  "hand (driverctl) or reset the GPU's time slice (nvidia-smi compute-policy)",
-                  extra={"claim": record.uid, "error": str(err)})
+
+def _put_all(records: Sequence[ClaimRecord]) -> Callable[[dict[str, ClaimRecord]], None]:
+    """A checkpoint change that stores ``records`` (bound now)."""
+    fresh = {r.uid: r for r in records}
+    return lambda claims: claims.update(fresh)
+
+
+def _undo(effects: Sequence[Effect], record: ClaimRecord,
+          remaining: Mapping[str, ClaimRecord]) -> list[str]:
+    """Undo an interrupted prepare's host changes, last first; the names of the effects that
+    had something to undo and did. Start-up goes on when one fails: the line says what to
+    do by hand."""
+    how = Release(claim=record.uid, record=record, rollback=True, remaining=lambda: remaining)
+    done: list[str] = []
+    for effect in reversed_effects(effects):
+        touched = effect.touches(record)
+        try:
+            effect.release(how)
+        except Exception as err:  # a refusing VF or no inventory must not keep the plugin down
+            log.error(f"cannot undo a host change of an interrupted prepare; "
+                      f"{effect.manual_fix}",
+                      extra={"claim": record.uid, "effect": effect.name, "error": str(err)})
+            continue
+        if touched:
+            done.append(effect.name)
+    return done
 
 
 def _rebuild_specs(
-    preparer: DevicePreparer,
+    checkpoint: CheckpointStore, builder: ClaimBuilder, inventory: Callable[[], Inventory],
+    metrics: Metrics,
 ) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """Rewrite the spec of every completed claim whose spec is lost or from another boot.
 
@@ -133,43 +178,46 @@ def _rebuild_specs(
     """
     rebuilt: list[str] = []
     failed: list[tuple[str, str]] = []
-    inventory: dict[str, Device] | None = None
-    for uid, record in sorted(preparer.checkpoint.claims().items()):
-        if not record.completed or record.recovered or not preparer.spec_stale(record):
+    devices: dict[str, Device] | None = None
+    for uid, record in sorted(checkpoint.claims().items()):
+        if not record.completed or record.recovered or not builder.spec_stale(record):
             continue
         ref = ClaimRef(namespace=record.namespace, name=record.name, uid=uid)
-        claim = preparer.recorded_claim(ref, record)
+        claim = builder.recorded_claim(ref, record)
         if claim is None:
             failed.append((uid, "no_allocation"))
-            preparer.metrics.spec_rebuild_errors.labels("no_allocation").inc()
+            metrics.spec_rebuild_errors.labels("no_allocation").inc()
             log.warning(
                 "cannot rebuild CDI spec at start-up: the record keeps no allocation "
                 "(written by an older version); the next prepare rewrites it",
                 extra={"claim": uid},
             )
             continue
-        if inventory is None:
+        if devices is None:
             try:
-                inventory = preparer.inventory().by_name()
+                devices = inventory().by_name()
             except Exception as err:  # discovery failing must not keep the plugin down
                 log.error("cannot rebuild CDI specs at start-up: no inventory",
                           extra={"claim": uid, "error": str(err)})
-                preparer.metrics.spec_rebuild_errors.labels("inventory").inc()
+                metrics.spec_rebuild_errors.labels("inventory").inc()
                 return tuple(rebuilt), ((uid, "inventory"),)
         try:
-            results = claim.results_for(preparer.driver)
-            fresh = preparer.rewrite(claim, record, results, inventory)
-            preparer.store(ref, put_record(fresh))
+            results = claim.results_for(builder.driver)
+            fresh = builder.rewrite(claim, record, results, devices)
+            try:
+                checkpoint.update(_put_all((fresh,)))
+            except CheckpointWriteError as err:
+                raise CheckpointUnavailableError(str(ref), str(err)) from err
         except ClaimError as err:
             failed.append((uid, err.reason))
-            preparer.metrics.spec_rebuild_errors.labels(err.reason).inc()
+            metrics.spec_rebuild_errors.labels(err.reason).inc()
             log.error(
                 "cannot rebuild CDI spec at start-up",
                 extra={"claim": uid, "reason": err.reason, "error": str(err)},
             )
             continue
         rebuilt.append(uid)
-        preparer.metrics.specs_rebuilt.inc()
+        metrics.specs_rebuilt.inc()
         log.info("rebuilt CDI spec of a prepared claim at start-up",
                  extra={"claim": uid, "devices": len(results),
                         "device_metadata": len(fresh.metadata.requests) if fresh.metadata else 0})

@@ -24,8 +24,9 @@ from fractions import Fraction
 from agent.checkpoint.model import ClaimRecord, PreparedDevice, holders
 from agent.claim.model import AllocatedDevice, ClaimRef
 from agent.common.quantity import QuantityError, format_quantity, parse_quantity
-from agent.prepare.errors import CapacityExceededError, NotShareableError
-from discovery.model import Device
+from agent.prepare.devices import SpecDevice
+from agent.prepare.errors import BadConfigError, CapacityExceededError, NotShareableError
+from discovery.model import Device, DeviceType
 
 
 def consumed_by(device: Device, consumed: Mapping[str, str]) -> dict[str, Fraction]:
@@ -103,3 +104,27 @@ def check_shares(
                 f"{format_quantity(amount)}; the scheduler's view of the device was stale, "
                 "the kubelet retries once a share is released",
             )
+
+
+def _bounded(device: Device) -> bool:
+    return (device.type == DeviceType.GPU and device.host.vendor == "nvidia"
+            and device.allow_multiple_allocations)
+
+
+def check_config(ref: ClaimRef, item: SpecDevice, request: str) -> None:
+    """Refuse ``sharing`` settings on a device that nothing could bound by them."""
+    sharing = item.sharing
+    if not sharing.is_set:
+        return
+    device = item.device
+    where = f"opaque config for request {request}: sharing"
+    if not item.share_id or not device.allow_multiple_allocations:
+        raise BadConfigError(str(ref), f"{where}: device {device.name} is not allocated as a "
+                                       "share; timeSlice and mps bound shares of a GPU only")
+    if not _bounded(device):
+        vendor = device.host.vendor or str(device.type)
+        raise BadConfigError(str(ref), f"{where}: device {device.name} ({vendor}) is shared "
+                                       "for scheduling only; timeSlice and mps are NVIDIA's")
+    if sharing.time_slice and not device.host.uuid:
+        raise BadConfigError(str(ref), f"{where}.timeSlice: device {device.name} has no UUID "
+                                       "to name it to the driver")

@@ -75,10 +75,12 @@ def _agent(root: str, normal_uid: str, pipe: Connection) -> None:
     import logging
 
     logging.disable(logging.WARNING)  # thousands of refused claims and streams: one line each
+    from agent.daemon.wiring import plugin_server
     from agent.health import ChangeFeed, HealthServicer
-    from agent.plugin import PluginOptions, PluginServer
+    from agent.plugin import PluginOptions
     from agent.prepare import EnvOnlyEdits
     from discovery.model import Device, DeviceType, HostInfo, Inventory
+    from hack.benches.plugin import prepare_options
 
     class Quiet:
         changes = ChangeFeed()
@@ -90,11 +92,10 @@ def _agent(root: str, normal_uid: str, pipe: Connection) -> None:
     (base / "boot_id").write_text("boot-1\n")
     gpu = Device(name="gpu-0", type=DeviceType.GPU, attributes={}, capacity={},
                  host=HostInfo(pci_address="0000:18:00.0"))
-    server = PluginServer(
-        PluginOptions(driver_name=DRIVER, node_name=NODE, kubelet_dir=base / "kubelet",
-                      cdi_dir=base / "cdi", boot_id_path=base / "boot_id"),
-        None, lambda: Inventory(devices=(gpu,)), EnvOnlyEdits(),
-        health_servicer=HealthServicer(Quiet(), NODE), claim_source=_SlowSource(normal_uid),
+    server = plugin_server(
+        PluginOptions(driver_name=DRIVER, kubelet_dir=base / "kubelet"), prepare_options(base),
+        lambda: Inventory(devices=(gpu,)), EnvOnlyEdits(), _SlowSource(normal_uid),
+        health_servicer=HealthServicer(Quiet(), NODE),
     )
     server.start()
     pipe.send(str(server.paths.dra))

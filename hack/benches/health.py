@@ -27,15 +27,18 @@ from typing import Any
 
 from agent import slices
 from agent.common.metrics import Metrics
+from agent.daemon.wiring import plugin_server
 from agent.health import DeviceHealth, HealthMonitor, HealthOptions, HealthServicer
 from agent.health.nic import NicProbe
 from agent.plugin import PluginOptions, PluginServer
+from agent.prepare import EnvOnlyEdits
 from discovery.model import Inventory
 from discovery.pools import build_resources
 from discovery.scan import discover
 from discovery.simulate import FakeNvml, scratch_dir, simulated_sources
 from discovery.sources import Sources
 from hack.benches import Figure
+from hack.benches.plugin import prepare_options
 
 DRIVER = "dra-agent.io"
 NODE = "bench-node"
@@ -67,11 +70,10 @@ class _Rig:
         self.server: PluginServer | None = None
         self.kubelet: Any = None
         if stream:
-            opts = PluginOptions(driver_name=DRIVER, node_name=NODE,
-                                 kubelet_dir=root / "kubelet", cdi_dir=root / "cdi")
-            self.server = PluginServer(opts, None, lambda: self.inventory, None,  # type: ignore[arg-type]
-                                       health_servicer=HealthServicer(self.monitor, NODE),
-                                       claim_source=_NoClaims())
+            opts = PluginOptions(driver_name=DRIVER, kubelet_dir=root / "kubelet")
+            self.server = plugin_server(opts, prepare_options(root), lambda: self.inventory,
+                                        EnvOnlyEdits(), _NoClaims(),
+                                        health_servicer=HealthServicer(self.monitor, NODE))
             self.server.start()
             self.kubelet = KubeletStandIn(root / "kubelet" / "plugins_registry").start()
             self.kubelet.wait_registered(DRIVER)

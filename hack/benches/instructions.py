@@ -57,9 +57,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def _prepare_case(device_metadata: bool = True) -> Iterator[Callable[[], None]]:
     from agent.claim.model import ClaimRef
     from agent.common.metrics import Metrics
-    from agent.plugin import PluginOptions, PluginServer
+    from agent.daemon.wiring import plugin_server
+    from agent.plugin import PluginOptions
     from agent.prepare import EnvOnlyEdits
-    from agent.prepare.recovery import recover
+    from agent.prepare.options import PrepareOptions
     from discovery.model import Device, DeviceType, HostInfo, Inventory
     from hack.benches.plugin import DRIVER, NODE, _claim
 
@@ -77,13 +78,14 @@ def _prepare_case(device_metadata: bool = True) -> Iterator[Callable[[], None]]:
             def get(self, _ref: ClaimRef) -> Mapping[str, Any]:
                 return claim
 
-        options = PluginOptions(driver_name=DRIVER, node_name=NODE, kubelet_dir=root / "k",
-                                cdi_dir=root / "cdi", boot_id_path=boot,
-                                device_metadata=device_metadata)
-        server = PluginServer(options, None, lambda: Inventory(devices=gpus), EnvOnlyEdits(),
-                              Metrics(), claim_source=Claims())
+        options = PluginOptions(driver_name=DRIVER, kubelet_dir=root / "k")
+        prepare = PrepareOptions(driver_name=DRIVER, node_name=NODE, cdi_dir=root / "cdi",
+                                 plugin_dir=root / "k" / "plugins" / DRIVER, boot_id_path=boot,
+                                 device_metadata=device_metadata)
+        server = plugin_server(options, prepare, lambda: Inventory(devices=gpus), EnvOnlyEdits(),
+                               Claims(), metrics=Metrics())
         server.paths.plugin_dir.mkdir(parents=True, exist_ok=True)
-        recover(server.preparer)
+        server.preparer.recover()
 
         def once() -> None:
             if server.framework.prepare([ref])[ref.uid].record is None:
@@ -92,7 +94,7 @@ def _prepare_case(device_metadata: bool = True) -> Iterator[Callable[[], None]]:
                 raise RuntimeError("unprepare failed")
 
         yield once
-        server.checkpoint.close()
+        server.preparer.checkpoint.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.plugin import PluginServer
-from agent.prepare.partitions import MigPartitions, owned_instances
+from agent.prepare.effects.migcontrol import MigPartitions
+from agent.prepare.effects.miginstance import owned_instances
 from agent.slices.validate import validate_pool
 from discovery.pools import build_resources
 from discovery.scan import DiscoveryOptions, discover
@@ -78,14 +79,16 @@ def _prepare(root: Path, rounds: int) -> list[Figure]:
     server: PluginServer | None = None
 
     def owned() -> frozenset[tuple[str, int, int]]:
-        return owned_instances(server.checkpoint.claims()) if server is not None else frozenset()
+        if server is None:
+            return frozenset()
+        return owned_instances(server.preparer.checkpoint.claims())
 
     inventory = discover(sources, DiscoveryOptions(mig="dynamic", mig_owned=owned))
     gpu: list[float] = []
     mig: list[float] = []
     with (FakeAPIServer() as srv,
           served(root, lambda: inventory, srv.api_client(),
-                 partitions=MigPartitions(sources.gpu)) as (serving, kubelet)):
+                 mig=MigPartitions(sources.gpu)) as (serving, kubelet)):
         server = serving  # what owned() reads
         for i in range(rounds + 5):
             for device, out in (("gpu-6", gpu), (PARTITIONS[i % len(PARTITIONS)], mig)):

@@ -27,14 +27,23 @@ from typing import Any
 from agent.checkpoint.store import durable_write
 from agent.claim.model import ClaimRef
 from agent.common.metrics import Metrics
+from agent.daemon.wiring import plugin_server
 from agent.plugin import PluginOptions, PluginServer
 from agent.plugin.framework import APIClaimSource
 from agent.prepare import EnvOnlyEdits
+from agent.prepare.options import PrepareOptions
 from discovery.model import Device, DeviceType, HostInfo, Inventory
 from hack.benches import Figure, percentile
 
 DRIVER = "dra-agent.io"
 NODE = "bench-node"
+
+
+def prepare_options(root: Path, **changes: Any) -> PrepareOptions:
+    """A bench node's preparation under ``root`` (its boot ID file there)."""
+    return PrepareOptions(driver_name=DRIVER, node_name=NODE, cdi_dir=root / "cdi",
+                          plugin_dir=root / "kubelet" / "plugins" / DRIVER,
+                          boot_id_path=root / "boot_id", **changes)
 
 
 @contextmanager
@@ -47,10 +56,10 @@ def served(root: Path, inventory: Callable[[], Inventory], api_client: Any,
 
     boot = root / "boot_id"
     boot.write_text("bench\n")
-    options = PluginOptions(driver_name=DRIVER, node_name=NODE, kubelet_dir=root / "kubelet",
-                            cdi_dir=root / "cdi", boot_id_path=boot, max_workers=max_workers)
-    server = PluginServer(options, api_client, inventory, EnvOnlyEdits(), Metrics(),
-                          **server_args)
+    options = PluginOptions(driver_name=DRIVER, kubelet_dir=root / "kubelet",
+                            max_workers=max_workers)
+    server = plugin_server(options, prepare_options(root), inventory, EnvOnlyEdits(),
+                           APIClaimSource(api_client), metrics=Metrics(), **server_args)
     server.start()
     kubelet = KubeletStandIn(options.kubelet_dir / "plugins_registry").start()
     try:

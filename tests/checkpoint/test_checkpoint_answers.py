@@ -94,7 +94,7 @@ def test_legacy_record_without_allocation_reads_the_claim_to_rewrite(node: Node)
     claim = node.book.put(make_claim("c1", ["gpu-0"], config=CONFIG))
     uid, first = prepared(node, claim)
     before = spec_file(node, uid).read_text()
-    node.server.checkpoint.update(
+    node.server.preparer.checkpoint.update(
         lambda claims: claims.__setitem__(uid, replace(claims[uid], allocation=None)))
     # Spec present: the record alone answers.
     gets = node.book.gets
@@ -109,7 +109,7 @@ def test_legacy_record_without_allocation_reads_the_claim_to_rewrite(node: Node)
 def test_recovered_record_takes_the_full_path(node: Node) -> None:
     claim = node.book.put(make_claim("c1", ["gpu-0"]))
     uid, first = prepared(node, claim)
-    node.server.checkpoint.update(
+    node.server.preparer.checkpoint.update(
         lambda claims: claims.__setitem__(uid, replace(claims[uid], recovered=True)))
     gets = node.book.gets
     assert node.prepare(claim)[uid] == first

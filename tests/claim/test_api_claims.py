@@ -9,7 +9,7 @@ import pytest
 
 from agent.claim.model import ClaimFetchError, ClaimNotFoundError, ClaimRef
 from agent.common.metrics import Metrics
-from agent.plugin import PluginServer
+from agent.daemon.wiring import plugin_server
 from agent.plugin.framework import APIClaimSource
 from discovery.model import Inventory
 from tests.fakes.apiserver import FakeAPIServer
@@ -56,8 +56,9 @@ def test_plugin_with_api_server_prepares_and_unprepares_without_it(
     n = build_node(short_root)  # only for its options and directories
     n.kubelet.stop()
     n.server.stop(0)
-    server = PluginServer(n.options, srv.api_client(),
-                          lambda: Inventory(devices=(gpu(0), gpu(1))), NodeEdits(), Metrics())
+    server = plugin_server(n.options, n.prepare_options,
+                           lambda: Inventory(devices=(gpu(0), gpu(1))), NodeEdits(),
+                           APIClaimSource(srv.api_client()), metrics=Metrics())
     server.start()
     try:
         with KubeletStandIn(n.options.kubelet_dir / "plugins_registry") as kubelet:
@@ -98,8 +99,8 @@ def test_impossible_claim_names_never_reach_the_api_server(
     n = build_node(short_root)
     n.kubelet.stop()
     n.server.stop(0)
-    server = PluginServer(n.options, srv.api_client(), lambda: Inventory(devices=(gpu(0),)),
-                          NodeEdits(), Metrics())
+    server = plugin_server(n.options, n.prepare_options, lambda: Inventory(devices=(gpu(0),)),
+                           NodeEdits(), APIClaimSource(srv.api_client()), metrics=Metrics())
     server.start()
     try:
         with KubeletStandIn(n.options.kubelet_dir / "plugins_registry") as kubelet:

@@ -14,7 +14,8 @@ import pytest
 
 from agent.claim.status import ClaimStatusWriter, NicStatus, device_entries, up_to_date
 from agent.common.metrics import Metrics
-from agent.plugin import PluginServer
+from agent.daemon.wiring import plugin_server
+from agent.plugin import APIClaimSource, PluginServer
 from discovery.model import Device, DeviceType, HostInfo, Inventory
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.kubelet import KubeletStandIn
@@ -62,9 +63,10 @@ def agent(short_root: Path) -> Iterator[Agent]:
     n.server.stop(0)
     metrics = Metrics()
     with FakeAPIServer() as srv:
-        server = PluginServer(
-            n.options, srv.api_client(),
-            lambda: Inventory(devices=(gpu(0), nic(0), nic(1))), NodeEdits(), metrics,
+        server = plugin_server(
+            n.options, n.prepare_options,
+            lambda: Inventory(devices=(gpu(0), nic(0), nic(1))), NodeEdits(),
+            APIClaimSource(srv.api_client()), metrics=metrics,
         )
         server.start()
         try:

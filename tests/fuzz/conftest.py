@@ -23,7 +23,9 @@ import pytest
 
 from agent.claim.model import ClaimNotFoundError, ClaimRef
 from agent.common.metrics import Metrics
+from agent.daemon.wiring import plugin_server
 from agent.plugin import PluginOptions, PluginServer
+from agent.prepare.options import PrepareOptions
 from discovery.model import Inventory
 from protos.dra.v1 import api_pb2, api_pb2_grpc
 from tests.fuzz.report import REPORT
@@ -76,7 +78,7 @@ class FuzzNode:
 
     @property
     def cdi_dir(self) -> Path:
-        return self.server.options.cdi_dir
+        return self.server.preparer.builder.specs.cdi_dir
 
     @property
     def plugin_dir(self) -> Path:
@@ -133,13 +135,14 @@ def fuzz_node() -> Iterator[FuzzNode]:
     (root / "kubelet" / "plugins").mkdir(parents=True)
     (root / "kubelet" / "plugins" / "other-driver").mkdir()
     (root / "kubelet" / "plugins" / "other-driver" / "state.json").write_text("{}")
-    options = PluginOptions(
-        driver_name=DRIVER, node_name=NODE, kubelet_dir=root / "kubelet", cdi_dir=root / "cdi",
-        registration_timeout_s=3600, boot_id_path=root / "boot_id",
-    )
+    options = PluginOptions(driver_name=DRIVER, kubelet_dir=root / "kubelet",
+                            registration_timeout_s=3600)
+    prepare = PrepareOptions(driver_name=DRIVER, node_name=NODE, cdi_dir=root / "cdi",
+                             plugin_dir=root / "kubelet" / "plugins" / DRIVER,
+                             boot_id_path=root / "boot_id")
     claims = FuzzClaims()
-    server = PluginServer(options, None, lambda: inventory, EditsProvider(simulated=True),
-                          Metrics(), claim_source=claims)
+    server = plugin_server(options, prepare, lambda: inventory, EditsProvider(simulated=True),
+                           claims, metrics=Metrics())
     server.start()
     channel = grpc.insecure_channel(f"unix://{server.paths.dra}")
     node = FuzzNode(root, server, claims, inventory, channel)

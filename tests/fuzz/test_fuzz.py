@@ -61,7 +61,7 @@ def check_answers(node: FuzzNode, refs: list[tuple[str, str, str]], before: obje
             assert "twice" in refused.value.details()
         node.count("duplicate UIDs refused")
         assert node.spec_files() == {}
-        assert node.server.checkpoint.claims() == {}
+        assert node.server.preparer.checkpoint.claims() == {}
         return
     prepared = node.prepare(refs)
     assert set(prepared.claims) == asked  # none skipped, none invented
@@ -101,7 +101,7 @@ def check_answers(node: FuzzNode, refs: list[tuple[str, str, str]], before: obje
     for _ in internal:
         node.count("prepare internal error")
     assert node.spec_files() == {}
-    assert node.server.checkpoint.claims() == {}
+    assert node.server.preparer.checkpoint.claims() == {}
     assert node.outside_state() == before
 
 
@@ -213,9 +213,9 @@ def test_claim_uid_with_a_nul_byte_never_sticks(fuzz_node: FuzzNode) -> None:
         prepared = fuzz_node.prepare([("default", "nul", uid)]).claims[uid]
         unprepared = fuzz_node.unprepare([("default", "nul", uid)]).claims[uid]
         assert prepared.error or not unprepared.error, unprepared.error
-        assert fuzz_node.server.checkpoint.claims() == {}
+        assert fuzz_node.server.preparer.checkpoint.claims() == {}
     finally:
-        fuzz_node.server.checkpoint.update(lambda claims: claims.pop(uid, None))
+        fuzz_node.server.preparer.checkpoint.update(lambda claims: claims.pop(uid, None))
 
 
 def test_unprepare_of_a_claim_never_prepared_succeeds_whatever_its_uid(

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
+from agent.daemon.wiring import plugin_server
 from agent.health import (
     ChangeFeed,
     Condition,
@@ -25,7 +26,9 @@ from agent.health import (
     HealthState,
     Kind,
 )
-from agent.plugin import PluginOptions, PluginServer
+from agent.plugin import PluginOptions
+from agent.prepare import EnvOnlyEdits
+from agent.prepare.options import PrepareOptions
 from discovery.gpulib import GpuLibraryError
 from protos.drahealth.v1alpha1 import api_pb2 as pb
 from tests.fakes.kubelet import HealthStream, KubeletStandIn
@@ -93,10 +96,11 @@ class Plugin:
         self.monitor = HealthMonitor(node.sources, DRIVER, options, lambda _h: None)
         self.monitor.start(node.provider())
         self.servicer = HealthServicer(self.monitor, POOL, resend_period_s=resend_period_s)
-        opts = PluginOptions(driver_name=DRIVER, node_name=POOL, kubelet_dir=root / "kubelet",
-                             cdi_dir=root / "cdi")
-        self.server = PluginServer(opts, None, node.provider(), None,  # type: ignore[arg-type]
-                                   health_servicer=self.servicer, claim_source=_NoClaims())
+        opts = PluginOptions(driver_name=DRIVER, kubelet_dir=root / "kubelet")
+        prepare = PrepareOptions(driver_name=DRIVER, node_name=POOL, cdi_dir=root / "cdi",
+                                 plugin_dir=root / "kubelet" / "plugins" / DRIVER)
+        self.server = plugin_server(opts, prepare, node.provider(), EnvOnlyEdits(),
+                                    _NoClaims(), health_servicer=self.servicer)
         self.server.start()
         self.kubelet = KubeletStandIn(root / "kubelet" / "plugins_registry").start()
         self.registration = self.kubelet.wait_registered(DRIVER)

@@ -14,15 +14,25 @@ import pytest
 
 from agent.claim.model import ClaimNotFoundError, ClaimRef
 from agent.common.metrics import Metrics
+from agent.daemon.wiring import plugin_server
 from agent.health import ChangeFeed, DeviceHealth, HealthServicer
-from agent.plugin import PluginOptions, PluginServer
 from agent.plugin.framework import MAX_CLAIMS_PER_CALL
 from agent.plugin.limits import MAX_STREAMS
 from discovery.model import Inventory
 from protos.dra.v1 import api_pb2 as pb
 from protos.dra.v1 import api_pb2_grpc as pb_grpc
 from tests.fakes.kubelet import KubeletStandIn, PluginCallError
-from tests.plugnode import DRIVER, NODE, ClaimBook, Node, NodeEdits, gpu, make_claim, ref
+from tests.plugnode import (
+    DRIVER,
+    NODE,
+    ClaimBook,
+    Node,
+    NodeEdits,
+    gpu,
+    make_claim,
+    node_options,
+    ref,
+)
 from tests.waiting import wait_for
 
 
@@ -41,11 +51,11 @@ class _Plugin:
         boot = root / "boot_id"
         boot.write_text("boot-1\n")
         self.source = _Quiet()
-        opts = PluginOptions(driver_name=DRIVER, node_name=NODE, kubelet_dir=root / "kubelet",
-                             cdi_dir=root / "cdi", boot_id_path=boot, max_workers=workers)
-        self.server = PluginServer(
-            opts, None, lambda: Inventory(devices=tuple(gpu(i) for i in range(4))), NodeEdits(),
-            Metrics(), health_servicer=HealthServicer(self.source, NODE), claim_source=book,
+        opts, prepare = node_options(root, max_workers=workers)
+        self.server = plugin_server(
+            opts, prepare, lambda: Inventory(devices=tuple(gpu(i) for i in range(4))),
+            NodeEdits(), book, metrics=Metrics(),
+            health_servicer=HealthServicer(self.source, NODE),
         )
         self.server.start()
         self.kubelet = KubeletStandIn(opts.kubelet_dir / "plugins_registry").start()

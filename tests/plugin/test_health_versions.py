@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from agent.common.metrics import Metrics
+from agent.daemon.wiring import plugin_server
 from agent.health import (
     HEALTH_SERVICES,
     ChangeFeed,
@@ -22,14 +23,13 @@ from agent.health import (
     HealthState,
     Kind,
 )
-from agent.plugin import PluginOptions, PluginServer
 from agent.plugin.limits import MAX_STREAMS
 from agent.plugin.registration import HEALTH_SERVICES as ADVERTISED
 from discovery.model import Inventory
 from protos.drahealth.v1 import api_pb2 as v1
 from protos.drahealth.v1alpha1 import api_pb2 as v1alpha1
 from tests.fakes.kubelet import HEALTH_SERVICES_135, HEALTH_SERVICES_137, KubeletStandIn
-from tests.plugnode import DRIVER, NODE, ClaimBook, NodeEdits, gpu, nic
+from tests.plugnode import DRIVER, NODE, ClaimBook, NodeEdits, gpu, nic, node_options
 from tests.waiting import wait_for
 
 LINK_DOWN = DeviceHealth(
@@ -58,12 +58,10 @@ class _Node:
         boot.write_text("boot-1\n")
         self.source = _Source()
         self.servicer = HealthServicer(self.source, NODE)
-        self.opts = PluginOptions(driver_name=DRIVER, node_name=NODE,
-                                  kubelet_dir=root / "kubelet", cdi_dir=root / "cdi",
-                                  boot_id_path=boot)
-        self.server = PluginServer(
-            self.opts, None, lambda: Inventory(devices=(gpu(0), nic(0))), NodeEdits(),
-            Metrics(), health_servicer=self.servicer, claim_source=ClaimBook(),
+        self.opts, prepare = node_options(root)
+        self.server = plugin_server(
+            self.opts, prepare, lambda: Inventory(devices=(gpu(0), nic(0))), NodeEdits(),
+            ClaimBook(), metrics=Metrics(), health_servicer=self.servicer,
         )
         self.server.start()
         self.kubelets: list[KubeletStandIn] = []

@@ -80,9 +80,8 @@ def test_health_service_is_advertised_when_given(short_root: Path) -> None:
         n.server.stop(0)
         from agent.plugin import PluginServer
 
-        server = PluginServer(n.options, None, lambda: None, None,  # type: ignore[arg-type]
-                              health_servicer=health_grpc.DRAResourceHealthServicer(),
-                              claim_source=n.book)
+        server = PluginServer(n.options, n.server.preparer, n.book,
+                              health_servicer=health_grpc.DRAResourceHealthServicer())
         server.start()
         reg = n.kubelet.wait_registered(DRIVER, since=len(n.kubelet.registrations))
         assert reg.supported_versions[-1] == "v1alpha1.DRAResourceHealth"

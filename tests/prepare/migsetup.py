@@ -8,14 +8,16 @@ from pathlib import Path
 
 from agent.checkpoint.store import CheckpointStore
 from agent.common.failpoints import Failpoints
-from agent.prepare import CDIClaimSpecs, DevicePreparer
+from agent.prepare import DevicePreparer
 from agent.prepare.cdispecs import DeviceEdits
-from agent.prepare.partitions import MigPartitions, owned_instances
+from agent.prepare.effects.migcontrol import MigPartitions
+from agent.prepare.effects.miginstance import owned_instances
 from cdi.edits import EditsProvider
 from discovery.model import Inventory
 from discovery.scan import DiscoveryOptions, discover
 from discovery.simulate import FakeNvml, simulated_sources
 from discovery.sources import Sources
+from tests.plugnode import device_preparer
 
 DRIVER = "dra-agent.io"
 NODE = "node-a"  # tests.plugnode.NODE: make_claim allocates from it
@@ -54,10 +56,7 @@ def mig_node(root: Path, *, failpoints: Failpoints | None = None,
         return found
 
     assert sources.gpu is not None
-    preparer = DevicePreparer(
-        driver=DRIVER, pool=NODE, node_name=NODE, checkpoint=checkpoint,
-        specs=CDIClaimSpecs(root / "cdi", DRIVER, edits or EditsProvider(simulated=True)),
-        inventory=inventory, boot_id=boot_id, failpoints=failpoints,
-        partitions=MigPartitions(sources.gpu, failpoints),
-    )
+    preparer = device_preparer(root, inventory, edits=edits or EditsProvider(simulated=True),
+                               checkpoint=checkpoint, boot_id=boot_id, failpoints=failpoints,
+                               mig=MigPartitions(sources.gpu, failpoints))
     return MigNode(sources, preparer)

@@ -105,7 +105,7 @@ def test_after_a_restart_the_series_come_from_the_checkpoint_even_if_the_device_
 def test_a_spec_rebuilt_after_reboot_names_the_card_now_in_the_slot(node: Node) -> None:
     prepare_gpu_and_nic(node)
     with_gpu0_uuid(node, SWAPPED_UUID)  # same PCI slot, so same device name, another card
-    node.options.boot_id_path.write_text("boot-2\n")
+    node.prepare_options.boot_id_path.write_text("boot-2\n")
     node.metrics = Metrics()
     node.restart()
     assert {**GPU_ROW, "UUID": SWAPPED_UUID} in series(node.metrics)

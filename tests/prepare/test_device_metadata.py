@@ -469,18 +469,15 @@ from pathlib import Path
 from agent.checkpoint.store import CheckpointStore
 from agent.claim.model import parse_claim
 from agent.common.failpoints import Failpoints
-from agent.prepare import CDIClaimSpecs, DevicePreparer, EnvOnlyEdits
 from agent.prepare.claimmetadata import ClaimMetadata
 from agent.prepare.metadatafiles import HostMetadataFiles
 from discovery.model import Inventory
-from tests.plugnode import DRIVER, NODE, gpu
+from tests.plugnode import DRIVER, device_preparer, gpu
 
 root = Path(sys.argv[1])
-preparer = DevicePreparer(
-    driver=DRIVER, pool=NODE, node_name=NODE,
+preparer = device_preparer(
+    root, lambda: Inventory(devices=(gpu(0),)),
     checkpoint=CheckpointStore(root / "checkpoint.json"),
-    specs=CDIClaimSpecs(root / "cdi", DRIVER, EnvOnlyEdits()),
-    inventory=lambda: Inventory(devices=(gpu(0),)), boot_id="boot-1",
     failpoints=Failpoints.from_env(os.environ),
     metadata=ClaimMetadata(DRIVER, HostMetadataFiles(root / "dra-device-metadata"), True),
 )
@@ -496,11 +493,11 @@ def test_kill_9_after_the_files_leaves_nothing_once_restarted(tmp_path: Path) ->
     from agent.checkpoint.store import CheckpointStore
     from agent.claim.model import parse_claim
     from agent.common.failpoints import ENV
-    from agent.prepare import CDIClaimSpecs, DevicePreparer, EnvOnlyEdits, recover
+    from agent.prepare import DevicePreparer
     from agent.prepare.claimmetadata import ClaimMetadata
     from agent.prepare.metadatafiles import HostMetadataFiles
     from discovery.model import Inventory
-    from tests.plugnode import NODE
+    from tests.plugnode import device_preparer
 
     claim = make_claim("c1", ["gpu-0"])
     (tmp_path / "claim.json").write_text(json.dumps(claim))
@@ -512,16 +509,14 @@ def test_kill_9_after_the_files_leaves_nothing_once_restarted(tmp_path: Path) ->
     assert path.is_file()  # written, and the spec; PrepareStarted was never made durable
 
     def preparer() -> DevicePreparer:
-        return DevicePreparer(
-            driver=DRIVER, pool=NODE, node_name=NODE,
+        return device_preparer(
+            tmp_path, lambda: Inventory(devices=(gpu(0),)),
             checkpoint=CheckpointStore(tmp_path / "checkpoint.json"),
-            specs=CDIClaimSpecs(tmp_path / "cdi", DRIVER, EnvOnlyEdits()),
-            inventory=lambda: Inventory(devices=(gpu(0),)), boot_id="boot-1",
             metadata=ClaimMetadata(DRIVER, HostMetadataFiles(path.parents[2]), True),
         )
 
     restarted = preparer()
-    report = recover(restarted)
+    report = restarted.recover()
     assert report.metadata_removed == ("default_c1/req",)
     assert not path.parent.parent.exists()
     record = restarted.prepare(parse_claim(claim))  # the kubelet's retry

@@ -25,10 +25,10 @@ from agent.common.failpoints import (
     Kind,
     Point,
 )
-from agent.prepare import CDIClaimSpecs, DevicePreparer, EnvOnlyEdits, recover
+from agent.prepare import CDIClaimSpecs, EnvOnlyEdits
 from discovery.model import Inventory
 from tests.conftest import REPO
-from tests.plugnode import DRIVER, NODE, Node, gpu, make_claim
+from tests.plugnode import DRIVER, Node, device_preparer, gpu, make_claim
 
 
 def test_parse_points_actions_and_aliases() -> None:
@@ -137,16 +137,13 @@ CHILD = textwrap.dedent("""
     from agent.checkpoint.store import CheckpointStore
     from agent.claim.model import parse_claim
     from agent.common.failpoints import Failpoints
-    from agent.prepare import CDIClaimSpecs, DevicePreparer, EnvOnlyEdits
     from discovery.model import Inventory
-    from tests.plugnode import DRIVER, NODE, gpu
+    from tests.plugnode import device_preparer, gpu
 
     root = Path(sys.argv[1])
-    preparer = DevicePreparer(
-        driver=DRIVER, pool=NODE, node_name=NODE,
+    preparer = device_preparer(
+        root, lambda: Inventory(devices=(gpu(0),)),
         checkpoint=CheckpointStore(root / "checkpoint.json"),
-        specs=CDIClaimSpecs(root / "cdi", DRIVER, EnvOnlyEdits()),
-        inventory=lambda: Inventory(devices=(gpu(0),)), boot_id="boot-1",
         failpoints=Failpoints.from_env(os.environ),
     )
     preparer.prepare(parse_claim(json.loads((root / "claim.json").read_text())))
@@ -167,11 +164,9 @@ def test_kill_failpoint_is_a_real_kill_9_and_the_next_start_recovers(tmp_path: P
     assert specs.path(uid).exists()  # killed between the spec and PrepareCompleted
 
     store = CheckpointStore(tmp_path / "checkpoint.json")
-    restarted = DevicePreparer(
-        driver=DRIVER, pool=NODE, node_name=NODE, checkpoint=store, specs=specs,
-        inventory=lambda: Inventory(devices=(gpu(0),)), boot_id="boot-1",
-    )
-    report = recover(restarted)
+    restarted = device_preparer(tmp_path, lambda: Inventory(devices=(gpu(0),)),
+                                checkpoint=store)
+    report = restarted.recover()
     assert report.orphans_removed == (uid,) and not specs.path(uid).exists()
     assert store.claims() == {}
     assert restarted.prepare(parse_claim(claim)).completed  # the kubelet's retry

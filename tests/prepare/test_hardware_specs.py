@@ -10,15 +10,14 @@ from typing import Any
 
 import pytest
 
-from agent.checkpoint.store import CheckpointStore
 from agent.claim.model import parse_claim
-from agent.prepare import CDIClaimSpecs, DevicePreparer, EnvOnlyEdits
+from agent.prepare import DevicePreparer, EnvOnlyEdits
 from agent.prepare.cdispecs import DeviceEdits
 from agent.prepare.errors import BadConfigError, SpecWriteError
 from cdi.edits import EditsProvider
 from discovery.model import Device, DeviceType, HostInfo, Inventory
 from tests.cdi.fakeroot import DRIVER_LIBS, LIB_DIR, RM, FakeHost
-from tests.plugnode import DRIVER, NODE, make_claim
+from tests.plugnode import DRIVER, device_preparer, make_claim
 
 GOOD = {"apiVersion": "dra-agent.io/v1alpha1", "kind": "DeviceConfig"}
 
@@ -50,12 +49,7 @@ def host(tmp_path: Path) -> FakeHost:
 
 
 def preparer(tmp_path: Path, edits: DeviceEdits, devices: list[Device]) -> DevicePreparer:
-    return DevicePreparer(
-        driver=DRIVER, pool=NODE, node_name=NODE,
-        checkpoint=CheckpointStore(tmp_path / "state" / "checkpoint.json"),
-        specs=CDIClaimSpecs(tmp_path / "cdi", DRIVER, edits),
-        inventory=lambda: Inventory(devices=tuple(devices)), boot_id="boot-1",
-    )
+    return device_preparer(tmp_path, lambda: Inventory(devices=tuple(devices)), edits=edits)
 
 
 def provider(host: FakeHost) -> EditsProvider:
@@ -63,7 +57,7 @@ def provider(host: FakeHost) -> EditsProvider:
 
 
 def spec_of(p: DevicePreparer, uid: str) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(p.specs.path(uid).read_text())
+    doc: dict[str, Any] = json.loads(p.builder.specs.path(uid).read_text())
     return doc
 
 
@@ -89,7 +83,7 @@ def test_gpu_claim_spec_carries_control_nodes_and_driver_libraries(
     assert device_env[-2:] == [f"DRA_AGENT_NODE={p.node_name}", "NVIDIA_VISIBLE_DEVICES=void"]
     assert f"DRA_AGENT_CLAIM_UID={claim.ref.uid}" in device_env
 
-    run(cdi_check_bin, "validate", str(p.specs.path(claim.ref.uid)))
+    run(cdi_check_bin, "validate", str(p.builder.specs.path(claim.ref.uid)))
     oci = run(cdi_check_bin, "inject", str(tmp_path / "cdi"), *record.devices[0].cdi_ids)
     assert sorted(d["path"] for d in oci["linux"]["devices"]) == sorted([*shared, "/dev/nvidia0"])
     mounted = {m["destination"] for m in oci["mounts"]}
@@ -107,7 +101,7 @@ def test_fresh_node_without_control_nodes_is_a_per_claim_error_and_rolls_back(
     claim = parse_claim(make_claim("train", ["gpu-0"]))
     with pytest.raises(SpecWriteError, match="nvidiactl"):
         p.prepare(claim)
-    assert not p.specs.path(claim.ref.uid).exists()
+    assert not p.builder.specs.path(claim.ref.uid).exists()
     assert p.checkpoint.claims() == {}
 
 
@@ -124,7 +118,7 @@ def test_rdma_nic_stays_on_the_host_by_default_and_the_spec_stays_loadable(
     assert "netDevices" not in json.dumps(doc)
     assert [n["path"] for n in doc["containerEdits"]["deviceNodes"]] == [
         "/dev/infiniband/rdma_cm"]
-    run(cdi_check_bin, "validate", str(p.specs.path(claim.ref.uid)))
+    run(cdi_check_bin, "validate", str(p.builder.specs.path(claim.ref.uid)))
     oci = run(cdi_check_bin, "inject", str(tmp_path / "cdi"), *record.devices[0].cdi_ids)
     assert "/dev/infiniband/uverbs0" in {d["path"] for d in oci["linux"]["devices"]}
 
@@ -150,7 +144,7 @@ def test_netdev_moves_into_the_pod_when_the_claim_asks(
         {"hostInterfaceName": "ibp24s0", "name": "net1"}]
     out = subprocess.run([str(cdi_check_bin), "schema",
                           str(Path(__file__).parents[1] / "data/cdi-schema/schema.json"),
-                          str(p.specs.path(claim.ref.uid))],
+                          str(p.builder.specs.path(claim.ref.uid))],
                          capture_output=True, text=True, check=False, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
 

@@ -19,19 +19,18 @@ from typing import Any
 import pytest
 
 from agent.checkpoint.model import ClaimState
-from agent.checkpoint.store import CheckpointStore
 from agent.claim.model import parse_claim
 from agent.common.failpoints import FailpointError, Failpoints
-from agent.prepare import CDIClaimSpecs, DevicePreparer, recover
-from agent.prepare.enforce import RecordingGpuControl
-from agent.prepare.vfs import VfProvisioner
+from agent.prepare import DevicePreparer
+from agent.prepare.effects.timeslice import TimeSliceEffect
+from agent.prepare.gpucontrol import RecordingGpuControl
 from cdi.edits import EditsProvider
 from discovery.scan import DiscoveryOptions, discover
 from discovery.sharing import parse_sharing_list
 from discovery.simulate import simulated_sources
 from discovery.simulate.sriov import SimulatedSriov
 from discovery.sources import ProcRoutes, Sources
-from tests.plugnode import DRIVER, NODE, make_claim
+from tests.plugnode import DRIVER, NODE, device_preparer, make_claim
 
 REPO = Path(__file__).resolve().parents[2]
 VF_POINTS = ("vf-after-intent", "vf-after-bound")
@@ -45,11 +44,8 @@ SHARING = DiscoveryOptions(sharing=parse_sharing_list(["gpu=shares:4"]))
 def _preparer(root: Path, sources: Sources, options: DiscoveryOptions,
               failpoints: Failpoints | None, **kwargs: Any) -> DevicePreparer:
     found = discover(sources, options)
-    return DevicePreparer(
-        driver=DRIVER, pool=NODE, node_name=NODE,
-        checkpoint=CheckpointStore(root / "state" / "checkpoint.json"),
-        specs=CDIClaimSpecs(root / "cdi", DRIVER, EditsProvider(simulated=True)),
-        inventory=lambda: found, boot_id="boot-1", failpoints=failpoints, **kwargs)
+    return device_preparer(root, lambda: found, edits=EditsProvider(simulated=True),
+                           failpoints=failpoints, **kwargs)
 
 
 def vf_preparer(root: Path, failpoints: Failpoints | None = None,
@@ -67,8 +63,8 @@ def vf_preparer(root: Path, failpoints: Failpoints | None = None,
         bandwidth = int(setting.read_text())
     dynamic = DiscoveryOptions(vfs="dynamic", vf_bandwidth_mbps=bandwidth)
     assert sources.sriov is not None
-    vfs = VfProvisioner(sources.sriov, lambda: discover(sources, dynamic), failpoints)
-    return _preparer(root, sources, dynamic, failpoints, vfs=vfs)
+    return _preparer(root, sources, dynamic, failpoints, sriov=sources.sriov,
+                     rescan=lambda: discover(sources, dynamic))
 
 
 def gpu_preparer(root: Path, failpoints: Failpoints | None = None) -> DevicePreparer:
@@ -149,7 +145,7 @@ def test_kill_while_rebinding_vfs_then_start_up_gives_them_back(tmp_path: Path,
         assert {driver_of(tmp_path, bdf) for bdf in VFS.values()} == {"vfio-pci"}
 
     restarted = vf_preparer(tmp_path)
-    report = recover(restarted)
+    report = restarted.recover()
     assert report.rolled_back == (raw["metadata"]["uid"],)
     assert {driver_of(tmp_path, bdf) for bdf in VFS.values()} == {"mlx5_core"}
     assert restarted.checkpoint.claims() == {}
@@ -189,7 +185,7 @@ def test_start_up_after_a_reboot_finds_the_vfs_gone_and_says_nothing(tmp_path: P
     (tmp_path / "claim.json").write_text(json.dumps(raw))
     run_child(tmp_path, "vf-after-bound", "vf")
     simulated_sources("sriov-novfs", tmp_path / "sim")  # a reboot: no VFs, none to restore
-    report = recover(vf_preparer(tmp_path))
+    report = vf_preparer(tmp_path).recover()
     assert report.rolled_back == (raw["metadata"]["uid"],)
     assert not (tmp_path / "sim/sys/bus/pci/devices/0000:3b:00.3").exists()
 
@@ -202,7 +198,7 @@ def test_kill_after_setting_a_time_slice_then_start_up_resets_it(tmp_path: Path)
     gpu0 = uuid_of(restarted, "gpu-0")
     assert time_slices(tmp_path) == {gpu0: "Long"}  # what the dead agent left
 
-    recover(restarted)
+    restarted.recover()
     assert time_slices(tmp_path) == {gpu0: "Default"}
     assert restarted.checkpoint.claims() == {}
     record = restarted.prepare(parse_claim(raw))
@@ -219,14 +215,14 @@ def test_start_up_keeps_an_interval_a_prepared_share_still_asks_for(tmp_path: Pa
     (tmp_path / "claim.json").write_text(json.dumps(other))
     run_child(tmp_path, "time-slice-after-set", "gpu")
     restarted = gpu_preparer(tmp_path)
-    recover(restarted)
+    restarted.recover()
     assert time_slices(tmp_path) == {uuid_of(restarted, "gpu-0"): "Long"}  # kept's interval
     assert set(restarted.checkpoint.claims()) == {kept.uid}
 
 
 def test_a_gpu_refusing_its_interval_resets_the_ones_already_set(tmp_path: Path) -> None:
     preparer = gpu_preparer(tmp_path)
-    control = preparer.gpu_control
+    [control] = [e.control for e in preparer.effects if isinstance(e, TimeSliceEffect)]
     assert isinstance(control, RecordingGpuControl)
     gpu0, gpu1 = uuid_of(preparer, "gpu-0"), uuid_of(preparer, "gpu-1")
     control.failures[gpu1] = "Insufficient Permissions"
@@ -258,13 +254,13 @@ def test_after_a_reboot_start_up_makes_a_prepared_claims_vfs_again(tmp_path: Pat
     assert not (tmp_path / "sim/sys/bus/pci/devices/0000:3b:00.3").exists()
 
     restarted = vf_preparer(tmp_path)
-    restarted.boot_id = "boot-2"
-    report = recover(restarted)
+    restarted.builder.boot_id = "boot-2"
+    report = restarted.recover()
     assert report.rebuilt == (record.uid,) and not report.not_rebuilt
     assert {driver_of(tmp_path, bdf) for bdf in VFS.values()} == {"vfio-pci"}
     caps = tmp_path / "sim/sys/bus/pci/devices/0000:3b:00.0/sriov"
     assert [(caps / str(i) / "max_tx_rate").read_text() for i in (1, 2)] == ["25000\n"] * 2
-    spec = json.loads(restarted.specs.path(record.uid).read_text())
+    spec = json.loads(restarted.builder.specs.path(record.uid).read_text())
     env = [e for d in spec["devices"] for e in d["containerEdits"]["env"]]
     assert any(e.startswith("DRA_AGENT_DEVICE_VF_0000_3B_00_3_IOMMU_GROUP=") for e in env)
     restarted.unprepare(record.uid)

@@ -18,8 +18,7 @@ import pytest
 
 from agent.checkpoint.model import ClaimState
 from agent.claim.model import parse_claim
-from agent.prepare import recover
-from agent.prepare.partitions import instance_of
+from agent.prepare.effects.miginstance import instance_of
 from tests.plugnode import make_claim
 from tests.prepare.migsetup import mig_node
 
@@ -60,7 +59,7 @@ def test_kill_during_prepare_then_start_up_and_retry(tmp_path: Path, point: str)
     run_child(tmp_path, point, "prepare")
 
     node = mig_node(tmp_path)  # the restarted agent, on the same GPU
-    recover(node.preparer)
+    node.preparer.recover()
     assert node.migs(0) == [], f"{point}: instances left behind"
     assert node.preparer.checkpoint.claims() == {}
     assert list((tmp_path / "cdi").glob("*.json")) == []
@@ -79,7 +78,7 @@ def test_kill_after_the_partitions_exist(tmp_path: Path, point: str) -> None:
     (tmp_path / "claim.json").write_text(json.dumps(raw))
     run_child(tmp_path, point, "prepare")
     node = mig_node(tmp_path)
-    recover(node.preparer)
+    node.preparer.recover()
     records = node.preparer.checkpoint.claims()
     if point == "prepare-after-completed":  # done: kept, and the retry is answered as it was
         assert sorted(m[2:] for m in node.migs(0)) == [(9, 4), (19, 0)]
@@ -101,7 +100,7 @@ def test_kill_during_unprepare_then_the_kubelets_retry_leaves_nothing(tmp_path: 
 
     node = mig_node(tmp_path)
     assert node.migs(0) == []  # destroyed before the kill; the record still names them
-    recover(node.preparer)  # the claim is still prepared: its partitions come back
+    node.preparer.recover()  # the claim is still prepared: its partitions come back
     held = node.preparer.checkpoint.claims()[first.uid].devices
     assert all(instance_of(d) is not None and instance_of(d).created for d in held)  # type: ignore[union-attr]
     assert len(node.migs(0)) == 2

@@ -12,9 +12,9 @@ import pytest
 
 from agent.checkpoint.model import ClaimRecord, ClaimState
 from agent.claim.model import parse_claim
-from agent.prepare import recover
+from agent.prepare.effects.migcontrol import PartitionError
+from agent.prepare.effects.miginstance import KEY, Instance, instance_of
 from agent.prepare.errors import UnknownDeviceError
-from agent.prepare.partitions import KEY, Instance, PartitionError, instance_of
 from cdi.edits import EditsProvider
 from discovery.gpulib import (
     GpuIsLostError,
@@ -35,7 +35,7 @@ def prepare(node: MigNode, *devices: str, name: str = "train") -> ClaimRecord:
 
 
 def spec_env(node: MigNode, uid: str) -> list[str]:
-    doc: dict[str, Any] = json.loads(node.preparer.specs.path(uid).read_text())
+    doc: dict[str, Any] = json.loads(node.preparer.builder.specs.path(uid).read_text())
     return [e for d in doc["devices"] for e in d["containerEdits"].get("env", [])]
 
 
@@ -55,7 +55,7 @@ def test_prepare_creates_the_instance_and_unprepare_destroys_it(tmp_path: Path) 
     assert f"{key}_MIG_GI={gi}" in env and f"{key}_MIG_CI=0" in env
     node.preparer.unprepare(record.uid)
     assert node.migs(0) == [] and node.preparer.checkpoint.claims() == {}
-    assert not node.preparer.specs.path(record.uid).exists()
+    assert not node.preparer.builder.specs.path(record.uid).exists()
 
 
 def test_two_claims_share_a_gpu_at_disjoint_placements(tmp_path: Path) -> None:
@@ -80,7 +80,7 @@ def test_the_spec_carries_the_new_mig_devices_capability_nodes(tmp_path: Path) -
         host.root, host.dev, host.proc, sysfs_root=host.sys))
     record = prepare(node, THREE_G)
     assert instance_of(record.devices[0]).gi == 1  # type: ignore[union-attr]
-    doc = json.loads(node.preparer.specs.path(record.uid).read_text())
+    doc = json.loads(node.preparer.builder.specs.path(record.uid).read_text())
     nodes = [n["path"] for n in doc["devices"][0]["containerEdits"]["deviceNodes"]]
     assert nodes == ["/dev/nvidia0", f"/dev/nvidia-caps/nvidia-cap{gi_minor}",
                      f"/dev/nvidia-caps/nvidia-cap{ci_minor}"]
@@ -137,7 +137,7 @@ def test_a_rollback_that_cannot_destroy_leaves_the_record_for_start_up(tmp_path:
     [record] = node.preparer.checkpoint.claims().values()
     assert record.state is ClaimState.PREPARE_STARTED and len(node.migs(0)) == 1
     node.nvml.clear_faults()
-    report = recover(node.preparer)
+    report = node.preparer.recover()
     assert report.partitions_destroyed == (record.uid,)
     assert node.migs(0) == [] and node.preparer.checkpoint.claims() == {}
 
@@ -194,7 +194,7 @@ def test_start_up_destroys_instances_of_interrupted_prepares_only(tmp_path: Path
     stale = ClaimRecord(**{**{f: getattr(stale, f) for f in stale.__dataclass_fields__},
                            "devices": (held,)})
     node.preparer.checkpoint.update(lambda c: c.__setitem__(stale.uid, stale))
-    report = recover(node.preparer)
+    report = node.preparer.recover()
     assert report.partitions_destroyed == (stale.uid,)
     assert node.migs(0) == [] and [m[2:] for m in node.migs(1)] == [(0, 0)]
     assert node.migs(4) == [(2, 0, 9, 0)]  # foreign, untouched
@@ -208,7 +208,7 @@ def test_after_a_reboot_start_up_recreates_a_prepared_claims_partition(tmp_path:
     (tmp_path / "mig-state.json").unlink()  # a reboot: MIG instances do not survive it
     rebooted = mig_node(tmp_path, boot_id="boot-2")
     assert rebooted.migs(0) == []
-    report = recover(rebooted.preparer)
+    report = rebooted.preparer.recover()
     assert report.rebuilt == (record.uid,)
     [(gi, _, profile, start)] = rebooted.migs(0)
     assert (profile, start) == (9, 4)

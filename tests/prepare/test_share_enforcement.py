@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agent.prepare.enforce import GpuControlError, NvidiaSmi, RecordingGpuControl
+from agent.prepare.gpucontrol import GpuControlError, NvidiaSmi, RecordingGpuControl
 from discovery.model import Device, HostInfo
 from discovery.sharing import parse_sharing, shareable
 from tests.plugnode import DRIVER, NODE, Node, build_node, make_claim

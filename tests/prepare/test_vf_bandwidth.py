@@ -14,7 +14,6 @@ import pytest
 
 from agent.common.config import ConfigError, build_config
 from agent.common.failpoints import FailpointError, Failpoints
-from agent.prepare import recover
 from discovery.scan import DiscoveryOptions, discover
 from discovery.simulate import simulated_sources
 from discovery.vfs import parse_vf_rate, rate_quantity, vf_info_message
@@ -128,7 +127,7 @@ def test_kill_after_the_cap_then_start_up_lifts_it(tmp_path: Path) -> None:
     run_child(tmp_path, "vf-after-bound", "vf")
     assert cap_of(tmp_path, PF0, 1) == 25_000
     restarted = vf_preparer(tmp_path)
-    recover(restarted)
+    restarted.recover()
     assert cap_of(tmp_path, PF0, 1) == 0 and restarted.checkpoint.claims() == {}
 
 

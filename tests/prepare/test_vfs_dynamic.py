@@ -10,17 +10,16 @@ from typing import Any
 
 import pytest
 
-from agent.checkpoint.store import CheckpointStore
 from agent.claim.model import parse_claim
-from agent.prepare import CDIClaimSpecs, DevicePreparer
-from agent.prepare.vfs import VfError, VfProvisioner
+from agent.prepare import DevicePreparer
+from agent.prepare.effects.vfs import VfError
 from cdi.edits import EditsProvider
 from discovery.model import Inventory
 from discovery.scan import DiscoveryOptions, discover
 from discovery.simulate import simulated_sources
 from discovery.sources import Sources
 from discovery.vfs import SriovError, SysfsSriov, vf_address
-from tests.plugnode import NODE, make_claim
+from tests.plugnode import device_preparer, make_claim
 
 DRIVER = "dra-agent.io"
 PF0, PF1 = "0000:3b:00.0", "0000:3b:00.1"
@@ -35,13 +34,8 @@ def sources(tmp_path: Path) -> Sources:
 def preparer(tmp_path: Path, sources: Sources) -> DevicePreparer:
     found = discover(sources, DYNAMIC)
     assert sources.sriov is not None
-    return DevicePreparer(
-        driver=DRIVER, pool=NODE, node_name=NODE,
-        checkpoint=CheckpointStore(tmp_path / "state" / "checkpoint.json"),
-        specs=CDIClaimSpecs(tmp_path / "cdi", DRIVER, EditsProvider(simulated=True)),
-        inventory=lambda: found, boot_id="boot-1",
-        vfs=VfProvisioner(sources.sriov, lambda: discover(sources, DYNAMIC)),
-    )
+    return device_preparer(tmp_path, lambda: found, edits=EditsProvider(simulated=True),
+                           sriov=sources.sriov, rescan=lambda: discover(sources, DYNAMIC))
 
 
 def numvfs(sources: Sources, pf: str) -> int:
@@ -79,7 +73,7 @@ def test_first_prepare_makes_every_vf_of_the_pf_once(sources: Sources, tmp_path:
     pf = sources.sysfs_root / "bus/pci/devices" / PF0
     assert len(list(pf.glob("virtfn*"))) == 64
     assert record.devices[0].if_name == "enp59s0f0v0"
-    doc = json.loads(p.specs.path(record.uid).read_text())
+    doc = json.loads(p.builder.specs.path(record.uid).read_text())
     env = doc["devices"][0]["containerEdits"]["env"]
     assert "DRA_AGENT_DEVICE_VF_0000_3B_00_2_IF_NAME=enp59s0f0v0" in env
     again = p.prepare(parse_claim(make_claim("net2", ["vf-0000-3b-00-7"])))
@@ -155,7 +149,8 @@ def test_vf_driver_vfio_pci_binds_it_and_unprepare_gives_it_back(
     assert numvfs(sources, PF0) == 64 and driver_of(sources, vf) == "vfio-pci"
     assert record.devices[0].extra["vfRestoreDriver"] == "mlx5_core"
     assert record.devices[0].if_name is None  # no netdev on vfio-pci
-    env = json.loads(p.specs.path(record.uid).read_text())["devices"][0]["containerEdits"]["env"]
+    spec = json.loads(p.builder.specs.path(record.uid).read_text())
+    env = spec["devices"][0]["containerEdits"]["env"]
     assert any(e.startswith("DRA_AGENT_DEVICE_VF_0000_3B_00_3_IOMMU_GROUP=") for e in env)
     assert not any("_IF_NAME=" in e for e in env)
     p.unprepare(record.uid)

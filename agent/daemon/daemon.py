@@ -24,69 +24,22 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.claim.model import ClaimFetchError, ClaimRef
 from agent.common.config import Config
 from agent.common.metrics import Metrics
-from agent.health.options import HealthOptions
+from agent.daemon.options import DaemonError, NoAPIClaimSource, RunOptions
 from agent.sdnotify import Notifier
 from discovery.model import Inventory
 from discovery.sources import Sources
 
 if TYPE_CHECKING:  # the plugin's modules are imported when it starts, not with the daemon
-    from agent.prepare.enforce import GpuControl
+    from agent.kube.transport import KubeHTTP
+    from agent.prepare.gpucontrol import GpuControl
     from cdi.simnodes import SimulatedNodes
 
 log = logging.getLogger("agent.daemon")
-
-
-class DaemonError(RuntimeError):
-    """The agent cannot start or a vital part of it died; the message says which and why."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunOptions:
-    """Options of ``dra-agent run`` beyond the shared Config."""
-
-    rolling_update: bool = False
-    pod_uid: str | None = None
-    shutdown_grace_s: float = 10.0
-    registration_timeout_s: float = 30.0
-    #: Periodic rescan catching what no uevent announces (MIG changes, simulated trees).
-    slow_rescan_s: float = 60.0
-    hotplug_debounce_s: float = 0.2
-    resync_period_s: float = 600.0
-    #: Node addresses (e.g. its InternalIP) whose NIC must never be handed to a pod.
-    node_addresses: tuple[str, ...] = ()
-    #: Root of the NVIDIA driver installation (``/driver-root`` when the host's is mounted).
-    driver_root: Path = Path("/")
-    #: The same installation as the container runtime sees it (paths written into CDI specs).
-    host_driver_root: Path = Path("/")
-    boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
-    #: Device health monitoring (taints + the kubelet's health stream); None switches it off.
-    health: HealthOptions | None = field(default_factory=HealthOptions)
-    #: Device metadata files for workloads (``agent.prepare.metadata``).
-    device_metadata: bool = True
-    #: Start even where a device plugin advertises what our DeviceClasses map to our devices.
-    allow_device_plugin_overlap: bool = False
-    #: The node's MPS control daemon's pipe directory (``agent.prepare.enforce``).
-    mps_pipe_dir: Path | None = None
-
-
-class NoAPIClaimSource:
-    """Claim source of an agent without an API server (kubelet standalone).
-
-    A claim can only be checked against its allocation in the API server, so every prepare
-    gets a per-claim error that says why; unprepare needs no API and keeps working.
-    """
-
-    def get(self, ref: ClaimRef) -> Mapping[str, Any]:
-        raise ClaimFetchError(
-            str(ref), "no API server configured (--kubeconfig none): the claim cannot be read"
-        )
 
 
 class PollOnlyEvents:
@@ -364,76 +317,70 @@ class Daemon:
         """The MIG instances our checkpoint names (--mig dynamic): the plugin's records once it
         runs; before, a look at the checkpoint file, so the first publish already knows."""
         from agent.checkpoint.store import CheckpointStore
-        from agent.prepare.partitions import owned_instances
+        from agent.prepare.effects.miginstance import owned_instances
 
         if self.plugin is not None:
-            return owned_instances(self.plugin.checkpoint.claims())
+            return owned_instances(self.plugin.preparer.checkpoint.claims())
         if not self.cfg.checkpoint_path.is_file():
             return frozenset()
         return owned_instances(CheckpointStore(self.cfg.checkpoint_path).claims())
 
-    def _vf_provisioner(self, failpoints: Any) -> Any:
-        """--vfs dynamic: makes VFs through the sources' control (the kernel's sysfs, or the
-        simulated one), and reads them back with a rescan it also publishes."""
-        from agent.prepare.vfs import VfProvisioner
+    def _rescan(self) -> Inventory:
+        """A scan of the node, published (--vfs dynamic reads the VFs it made back so)."""
         from discovery.scan import discover
+
+        assert self.sources is not None
+        # The same options as every other scan: this rescan's inventory is published.
+        inventory = discover(self.sources, self.discovery_options())
+        self._publish(inventory)
+        return inventory
+
+    def _start_plugin(self, api_client: KubeHTTP | None) -> None:
+        from agent.common.failpoints import FailpointConfigError, Failpoints
+        from agent.daemon import wiring
+        from agent.plugin import AlreadyRunningError, APIClaimSource, PluginOptions, SocketError
+        from agent.prepare.effects.migcontrol import MigPartitions
+        from agent.prepare.options import PrepareOptions
+        from cdi.edits import EditsProvider
         from discovery.vfs import SysfsSriov
 
-        sources = self.sources
-        assert sources is not None
-        # The same options as every other scan: this rescan's inventory is published.
-        options = self.discovery_options()
-
-        def rescan() -> Inventory:
-            inventory = discover(sources, options)
-            self._publish(inventory)
-            return inventory
-
-        return VfProvisioner(sources.sriov or SysfsSriov(sources.sysfs_root), rescan,
-                             failpoints)
-
-    def _start_plugin(self, api_client: Any) -> None:
-        from agent.common.failpoints import FailpointConfigError, Failpoints
-        from agent.plugin import AlreadyRunningError, PluginOptions, PluginServer, SocketError
-        from cdi.edits import EditsProvider
-
-        cfg = self.cfg
+        cfg, run = self.cfg, self.options
         health_servicer = None
         if self.health is not None:
             from agent.health import HealthServicer
 
             health_servicer = HealthServicer(self.health, cfg.node_name)
         edits = EditsProvider(
-            driver_root=self.options.driver_root, host_driver_root=self.options.host_driver_root,
+            driver_root=run.driver_root, host_driver_root=run.host_driver_root,
             simulated=bool(cfg.simulate),
             sysfs_root=cfg.sysfs_root,
             simulated_nodes=self._simulated_nodes(),
-        )
-        options = PluginOptions(
-            driver_name=cfg.driver_name, node_name=cfg.node_name, kubelet_dir=cfg.kubelet_dir,
-            cdi_dir=cfg.cdi_dir, pod_uid=self.options.pod_uid,
-            rolling_update=self.options.rolling_update,
-            registration_timeout_s=self.options.registration_timeout_s,
-            boot_id_path=self.options.boot_id_path,
-            device_metadata=self.options.device_metadata,
-            mps_pipe_dir=self.options.mps_pipe_dir,
         )
         try:
             # Crash tests only: DRA_AGENT_FAILPOINTS makes the agent die at chosen steps.
             failpoints = Failpoints.from_env(self.environ)
         except FailpointConfigError as err:
             raise DaemonError(str(err)) from err
-        partitions = None
-        if cfg.mig == "dynamic" and self.sources is not None and self.sources.gpu is not None:
-            from agent.prepare.partitions import MigPartitions
-
-            partitions = MigPartitions(self.sources.gpu, failpoints)
-        vfs = self._vf_provisioner(failpoints) if cfg.vfs == "dynamic" else None
-        self.plugin = PluginServer(
-            options, api_client, lambda: self.inventory, edits, self.metrics, health_servicer,
-            claim_source=None if api_client is not None else NoAPIClaimSource(),
-            failpoints=failpoints, gpu_control=self._gpu_control(), partitions=partitions,
-            vfs=vfs,
+        sources = self.sources
+        assert sources is not None
+        prepare = PrepareOptions(
+            driver_name=cfg.driver_name, node_name=cfg.node_name, plugin_dir=cfg.plugin_dir,
+            cdi_dir=cfg.cdi_dir, boot_id_path=run.boot_id_path,
+            device_metadata=run.device_metadata, mps_pipe_dir=run.mps_pipe_dir,
+        )
+        mig = None
+        if cfg.mig == "dynamic" and sources.gpu is not None:
+            mig = MigPartitions(sources.gpu, failpoints)
+        sriov = (sources.sriov or SysfsSriov(sources.sysfs_root)) if cfg.vfs == "dynamic" \
+            else None
+        self.plugin = wiring.plugin_server(
+            PluginOptions(driver_name=cfg.driver_name, kubelet_dir=cfg.kubelet_dir,
+                          pod_uid=run.pod_uid, rolling_update=run.rolling_update,
+                          registration_timeout_s=run.registration_timeout_s),
+            prepare, lambda: self.inventory, edits,
+            APIClaimSource(api_client) if api_client is not None else NoAPIClaimSource(),
+            metrics=self.metrics, health_servicer=health_servicer, failpoints=failpoints,
+            gpu_control=self._gpu_control(), mig=mig, sriov=sriov, rescan=self._rescan,
         )
         try:
             self.plugin.start()
@@ -455,7 +402,7 @@ class Daemon:
     def _gpu_control(self) -> GpuControl | None:
         """What sets GPU-wide share settings: a recording stand-in on a simulated node,
         nvidia-smi on a real one (None without it: a share asking for a time slice fails)."""
-        from agent.prepare.enforce import NvidiaSmi, RecordingGpuControl, find_nvidia_smi
+        from agent.prepare.gpucontrol import NvidiaSmi, RecordingGpuControl, find_nvidia_smi
 
         if self.cfg.simulate:  # beside the checkpoint: the GPUs outlive the agent
             return RecordingGpuControl(self.cfg.plugin_dir / SIMULATED_GPU_STATE)

@@ -1,5 +1,5 @@
-"""VFs on demand at prepare (``--vfs dynamic``): a claim allocated a candidate VF of a PF
-that has no VFs gets them made, all at once, then the VF as the kernel made it.
+"""VFs on demand at prepare (``--vfs dynamic``) as an effect: a claim allocated a candidate VF
+of a PF that has no VFs gets them made, all at once, then the VF as the kernel made it.
 
 Pre-size on first use (``discovery.vfs`` says why): the first such prepare writes the PF's
 TotalVFs to ``sriov_numvfs``; the VF count is never changed again by the agent, so nothing
@@ -22,9 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from agent.checkpoint.model import ClaimRecord
-from agent.claim.model import ClaimError, ClaimRef
+from agent.claim.model import ClaimError
 from agent.common.failpoints import Failpoints, Point, hit
-from agent.prepare.devices import SpecDevice
+from agent.prepare.devices import SpecDevice, identified
+from agent.prepare.effects.base import BaseEffect, Release, Step
 from discovery.model import Device, DeviceType, Inventory
 from discovery.vfs import EXTRA_CANDIDATE, EXTRA_RATE, EXTRA_TOTAL, SriovControl, SriovError
 
@@ -51,9 +52,16 @@ def candidate_index(device: Device) -> int | None:
     return int(device.host.extra[EXTRA_CANDIDATE])
 
 
-class VfProvisioner:
+class VfEffect(BaseEffect):
     """Makes a PF's VFs when a claim first needs one; ``rescan`` reads the node again (the
-    VF's interface, driver and IOMMU group exist only once the kernel made it)."""
+    VF's interface, driver and IOMMU group exist only once the kernel made it). The default
+    ``reapply`` is ``apply``: a reboot drops the VFs the agent made (the PF is back at 0 VFs,
+    its candidates under the same names), so a rewrite makes them again, on the drivers and
+    caps the claim asked for, before the spec names them."""
+
+    name = "vfs"
+    manual_fix = "rebind the VF by hand (driverctl) and lift its cap (ip link set PF vf N "\
+                 "max_tx_rate 0)"
 
     def __init__(self, control: SriovControl, rescan: Callable[[], Inventory],
                  failpoints: Failpoints | None = None) -> None:
@@ -62,17 +70,27 @@ class VfProvisioner:
         self.failpoints = failpoints
         self._lock = threading.Lock()
 
-    def prepare(self, ref: ClaimRef, record: ClaimRecord, devices: Sequence[SpecDevice],
-                save: Callable[[ClaimRecord], None]) -> tuple[ClaimRecord, list[SpecDevice]]:
+    def touches(self, record: ClaimRecord) -> bool:
+        return any(key in d.extra for d in record.devices for key in (RESTORE, MAC, RATE))
+
+    def apply(self, step: Step) -> None:
+        step.record, step.devices = self._prepare(str(step.ref), step.record, step.devices,
+                                                  step.save)
+        made = {d.device.name: d.device for d in step.devices}
+        step.record = replace(step.record, devices=identified(step.record.devices, step.pool,
+                                                              made))
+
+    def _prepare(self, claim: str, record: ClaimRecord, devices: Sequence[SpecDevice],
+                 save: Callable[[ClaimRecord], None]) -> tuple[ClaimRecord, list[SpecDevice]]:
         """Make the VFs candidates need, bind what ``vf.driver`` asks, cap each at its
         bandwidth (--vf-bandwidth), then read made or rebound VFs back (one rescan); the
         record names the driver each rebound VF goes back to and the caps to lift.
 
         That record is handed to ``save`` (the PrepareStarted record, written to the
         checkpoint) before the first change, so a prepare that fails or dies after it is
-        undone by the rollback or by start-up (``release(restore_only=True)``). One more
-        durable write, for claims that rebind or cap a VF only: the bind and the driver's
-        probe cost more.
+        undone by the rollback or by start-up (``release`` of a rollback). One more durable
+        write, for claims that rebind or cap a VF only: the bind and the driver's probe cost
+        more.
         """
         record = _with_mac_reset(record, devices)
         affected, made_vfs = [], False
@@ -81,7 +99,7 @@ class VfProvisioner:
             if index is None and item.vf_driver is None and _rate(item.device) is None:
                 continue
             if index is not None:
-                self._ensure(str(ref), item.device, item.device.host.parent_pf or "", index)
+                self._ensure(claim, item.device, item.device.host.parent_pf or "", index)
                 made_vfs = True
             affected.append(i)
         if not affected:
@@ -91,7 +109,7 @@ class VfProvisioner:
             item = devices[i]
             if item.vf_driver is not None:
                 vf = item.device.host.pci_address or ""
-                plan = self._plan(str(ref), item.device.name, vf,
+                plan = self._plan(claim, item.device.name, vf,
                                   item.device.host.parent_pf or "", item.vf_driver)
                 if plan is not None:
                     binds[item.device.name] = (vf, *plan)
@@ -107,13 +125,13 @@ class VfProvisioner:
             save(record)
             hit(self.failpoints, Point.VF_AFTER_INTENT, record.uid)
             for name, (vf, target, before) in binds.items():
-                self._bind(str(ref), name, vf, target, before)
+                self._bind(claim, name, vf, target, before)
             for name, (pf, index, mbps) in caps.items():
                 try:
                     self.control.set_vf_rate(pf, index, mbps)
                 except SriovError as err:
-                    raise VfError(str(ref), f"device {name}: {err}") from err
-                log.info("VF rate capped", extra={"claim": str(ref), "device": name,
+                    raise VfError(claim, f"device {name}: {err}") from err
+                log.info("VF rate capped", extra={"claim": claim, "device": name,
                                                   "max_tx_rate_mbps": mbps})
             hit(self.failpoints, Point.VF_AFTER_BOUND, record.uid)
         if not made_vfs and not binds:
@@ -124,7 +142,7 @@ class VfProvisioner:
             item = devices[i]
             made = fresh.get(item.device.name)
             if made is None or made.host.parent_pf != item.device.host.parent_pf:
-                raise VfError(str(ref), f"device {item.device.name}: VF of PF "
+                raise VfError(claim, f"device {item.device.name}: VF of PF "
                                         f"{item.device.host.parent_pf} not found after the VFs "
                                         "were created")
             out[i] = replace(item, device=made)
@@ -151,16 +169,16 @@ class VfProvisioner:
         log.info("VF driver bound", extra={"claim": claim, "device": name, "driver": target,
                                            "was": before or "none"})
 
-    def release(self, claim: str, record: ClaimRecord | None, restore_only: bool = False
-                ) -> None:
+    def release(self, how: Release) -> None:
         """Unset the claim's VFs' MACs and give rebound VFs back their driver, so each goes
         back to the pool as it was; VfError (the kubelet retries) on failure.
 
-        ``restore_only``: undoing a prepare that never completed, whose pod never ran (no MAC
-        to unset), perhaps before a bind or a reboot (a VF already on its old driver, or gone
+        A rollback undoes a prepare that never completed, whose pod never ran (no MAC to
+        unset), perhaps before a bind or a reboot (a VF already on its old driver, or gone
         with the VFs a reboot drops, needs nothing).
         """
-        for held in record.devices if record is not None else ():
+        claim, restore_only = how.claim, how.rollback
+        for held in how.record.devices if how.record is not None else ():
             cap = held.extra.get(RATE)
             if isinstance(cap, dict) and isinstance(cap.get("pf"), str) \
                     and isinstance(cap.get("index"), int) \
