@@ -62,7 +62,7 @@ class ClaimBuilder:
         ref = claim.ref
         devices = [self.spec_device(claim, r, inventory) for r in results]
         check_pod_interfaces(ref, devices)
-        prepared = identified([replace(self.prepared(ref, r), time_slice=d.sharing.time_slice)
+        prepared = identified([self.prepared(ref, r, d.sharing.time_slice)
                                for r, d in zip(results, devices, strict=True)],
                               self.pool, inventory)
         cdi_ids = [i for d in prepared for i in d.cdi_ids]
@@ -79,7 +79,8 @@ class ClaimBuilder:
             effect.plan(step)
         return step
 
-    def prepared(self, ref: ClaimRef, result: AllocatedDevice) -> PreparedDevice:
+    def prepared(self, ref: ClaimRef, result: AllocatedDevice,
+                 time_slice: str | None = None) -> PreparedDevice:
         return PreparedDevice(
             pool=result.pool,
             device=result.device,
@@ -88,6 +89,7 @@ class ClaimBuilder:
             share_id=result.share_id,
             admin_access=result.admin_access,
             consumed=result.consumed_capacity,
+            time_slice=time_slice,
         )
 
     def spec_device(

@@ -141,7 +141,10 @@ def identified(
     out = []
     for held in devices:
         found = inventory.get(held.device) if held.pool == pool else None
-        out.append(held if found is None else replace(
-            held, uuid=found.host.uuid, if_name=found.host.if_name,
-            pci_address=found.host.pci_address))
+        if found is None or (held.uuid, held.if_name, held.pci_address) == (
+                found.host.uuid, found.host.if_name, found.host.pci_address):
+            out.append(held)  # as it is: a prepare pays for no copy of what did not change
+            continue
+        out.append(replace(held, uuid=found.host.uuid, if_name=found.host.if_name,
+                           pci_address=found.host.pci_address))
     return tuple(out)

@@ -68,6 +68,7 @@ class DevicePreparer:
         self.pool = builder.pool
         self.node_name = builder.node_name
         self.effects = builder.effects
+        self._release_order = reversed_effects(self.effects)
         self.checkpoint = checkpoint
         self.inventory = inventory
         self.metrics = metrics or Metrics()
@@ -139,10 +140,10 @@ class DevicePreparer:
         record = self.checkpoint.claims().get(ref.uid)
         if record is None:
             return True
-        how = Release(claim=str(ref), record=record, rollback=True,
-                      remaining=self.checkpoint.claims)
+        how = Release(uid=ref.uid, record=record, rollback=True,
+                      remaining=self.checkpoint.claims, ref=ref)
         try:
-            for effect in reversed_effects(self.effects):
+            for effect in self._release_order:
                 effect.release(how)
         except ClaimError as err:
             log.error("rollback cannot undo what the failed prepare changed on the host; "
@@ -264,17 +265,15 @@ class DevicePreparer:
             self.builder.specs.remove(uid)
         elif record is None:
             return
-        how = Release(claim=str(ref) if ref is not None else uid, record=record,
-                      rollback=False, remaining=self.checkpoint.claims,
+        how = Release(uid=uid, record=record, rollback=False, remaining=self.checkpoint.claims,
                       ref=ref if ref is not None and ref.uid == uid else None)
-        for effect in reversed_effects(self.effects):
+        for effect in self._release_order:
             effect.release(how)
         hit(self.failpoints, Point.UNPREPARE_AFTER_SPEC_REMOVED, uid)
         self.checkpoint.update(lambda claims: claims.pop(uid, None))
         if record is not None:
-            remaining = self.checkpoint.claims()
             for effect in self.effects:
-                effect.released(record, remaining)
+                effect.released(record, self.checkpoint.claims)
         hit(self.failpoints, Point.UNPREPARE_AFTER_COMPLETED, uid)
         self.update_gauges()
 

@@ -147,7 +147,7 @@ def _undo(effects: Sequence[Effect], record: ClaimRecord,
     """Undo an interrupted prepare's host changes, last first; the names of the effects that
     had something to undo and did. Start-up goes on when one fails: the line says what to
     do by hand."""
-    how = Release(claim=record.uid, record=record, rollback=True, remaining=lambda: remaining)
+    how = Release(uid=record.uid, record=record, rollback=True, remaining=lambda: remaining)
     done: list[str] = []
     for effect in reversed_effects(effects):
         touched = effect.touches(record)

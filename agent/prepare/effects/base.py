@@ -71,12 +71,12 @@ class Step:
         return self.claim.ref
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built on every unprepare, and never changed
 class Release:
     """What a release is undoing."""
 
-    #: The claim as log lines and errors name it (``ns/name (uid)``, or the UID alone).
-    claim: str
+    #: The claim's UID.
+    uid: str
     #: None: an unprepare of a claim with no record (never prepared here, or its prepare
     #: failed before one was written); only what ``ref`` names by itself can go.
     record: ClaimRecord | None
@@ -88,6 +88,11 @@ class Release:
     #: The claim as the kubelet names it at unprepare, for the very UID unprepared (None at
     #: a rollback or start-up).
     ref: ClaimRef | None = None
+
+    @property
+    def claim(self) -> str:
+        """The claim as log lines and errors name it (``ns/name (uid)``, or the UID alone)."""
+        return str(self.ref) if self.ref is not None else self.uid
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +134,11 @@ class Effect(Protocol):
         kubelet retries an unprepare; a rollback keeps the record for start-up)."""
         ...
 
-    def released(self, record: ClaimRecord, remaining: Mapping[str, ClaimRecord]) -> None: ...
+    def released(self, record: ClaimRecord,
+                 remaining: Callable[[], Mapping[str, ClaimRecord]]) -> None:
+        """The record has left the checkpoint; ``remaining`` reads the others' records (only
+        an effect that needs them pays for the read)."""
+        ...
 
     def reconcile(self, claims: Mapping[str, ClaimRecord], *, corrupt: bool) -> Reconciled:
         """Start-up, after interrupted prepares were rolled back; ``corrupt``: the checkpoint
@@ -166,7 +175,8 @@ class BaseEffect:
     def release(self, how: Release) -> None:
         return None
 
-    def released(self, record: ClaimRecord, remaining: Mapping[str, ClaimRecord]) -> None:
+    def released(self, record: ClaimRecord,
+                 remaining: Callable[[], Mapping[str, ClaimRecord]]) -> None:
         return None
 
     def reconcile(self, claims: Mapping[str, ClaimRecord], *, corrupt: bool) -> Reconciled:

@@ -71,9 +71,10 @@ class TimeSliceEffect(BaseEffect):
             release_time_slices(how.record, how.remaining(), self.inventory().by_name(),
                                 self.control)
 
-    def released(self, record: ClaimRecord, remaining: Mapping[str, ClaimRecord]) -> None:
+    def released(self, record: ClaimRecord,
+                 remaining: Callable[[], Mapping[str, ClaimRecord]]) -> None:
         if self.touches(record):
-            release_time_slices(record, remaining, self.inventory().by_name(), self.control)
+            release_time_slices(record, remaining(), self.inventory().by_name(), self.control)
 
 
 def check_time_slices(
