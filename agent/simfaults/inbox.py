@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_PER_POLL", "MAX_REJECTED", "POLL_S", "FaultInbox"]
 
-# The package's name: the inbox's lines keep the logger they had as agent/simfaults.py.
+# Named for the package, not this module: every line of the fault inbox is agent.simfaults's.
 log = logging.getLogger("agent.simfaults")
 
 #: Refused entries kept in ``.rejected`` (requests and reason files together).
