@@ -181,7 +181,7 @@ def node_capacity(api: Any, node_name: str) -> dict[str, str]:
     read: the check must not keep a node from starting because the API server is slow."""
     from urllib.parse import quote
 
-    from agent.kube.transport import KubeAPIError
+    from agent.kube.errors import KubeAPIError
 
     try:
         node = api.request("GET", f"/api/v1/nodes/{quote(node_name, safe='')}",
@@ -198,7 +198,7 @@ def cluster_classes(
 ) -> list[Mapping[str, Any]]:
     """The cluster's DeviceClasses, or ``fallback()`` (the shipped ones) with one log line when
     they cannot be listed: the kubelet's own credentials (bare metal) may not list them."""
-    from agent.kube.transport import KubeAPIError
+    from agent.kube.errors import KubeAPIError
 
     for version in ("v1", "v1beta2", "v1beta1"):
         try:

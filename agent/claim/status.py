@@ -38,7 +38,8 @@ from urllib.parse import quote
 
 from agent.common.metrics import Metrics
 from agent.kube.apiversions import CLAIM_API_VERSIONS, ServedVersions, discovery_probe
-from agent.kube.transport import KubeAPIError, as_kubehttp, parse_status
+from agent.kube.errors import KubeAPIError, parse_status
+from agent.kube.transport import as_kubehttp
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,8 @@ from typing import Any
 import click
 
 from agent.common.config import pop_config, shared_options
-from agent.simfaults import (
-    MAX_XID,
-    FaultKind,
-    FaultRequest,
-    FaultRequestError,
+from agent.simfaults.request import MAX_XID, FaultKind, FaultRequest, FaultRequestError
+from agent.simfaults.writer import (
     Outcome,
     agent_problem,
     open_inbox,

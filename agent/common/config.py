@@ -87,7 +87,7 @@ class Config:
     def simulated_faults_dir(self) -> Path:
         """The inbox of a ``--simulate`` agent, where ``dra-agent simulate fault`` leaves its
         requests (``agent.simfaults``): in the plugin directory, which the pod sees too."""
-        from agent.simfaults import INBOX_SUBDIR
+        from agent.simfaults.layout import INBOX_SUBDIR
 
         return self.plugin_dir / INBOX_SUBDIR
 

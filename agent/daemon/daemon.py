@@ -414,7 +414,7 @@ class Daemon:
         (agent/simfaults.py); after the health monitor, whose event sets the faults reach."""
         if not self.cfg.simulate:
             return
-        from agent.simfaults import FaultInbox
+        from agent.simfaults.inbox import FaultInbox
 
         inbox = FaultInbox(self.cfg.simulated_faults_dir, sources.gpu, lambda: self.inventory,
                            health=self.options.health, stop=self.stop_event)

@@ -9,7 +9,8 @@ from urllib.parse import quote
 
 from agent.common.config import Config
 from agent.explain.docs import InputError
-from agent.kube.transport import KubeAPIError, KubeHTTP
+from agent.kube.errors import KubeAPIError
+from agent.kube.transport import KubeHTTP
 
 API = "/apis/resource.k8s.io/v1"
 

@@ -14,140 +14,34 @@ resident memory for nothing the agent uses. ``KubeHTTP`` therefore speaks HTTP i
 
 ``request`` answers every HTTP status with a ``Response``; only a request that got no HTTP
 answer at all raises (``KubeAPIError`` with status 0). ``Response.raise_for_status`` turns a
-non-2xx answer into a ``KubeAPIError`` carrying the server's Status (reason, message, causes).
+non-2xx answer into a ``KubeAPIError`` carrying the server's Status (reason, message, causes)
+(agent/kube/errors.py); ``stream`` reads a watch line by line (agent/kube/stream.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
+from agent.kube.errors import KubeAPIError, no_answer, parse_status
+from agent.kube.stream import LineStream
+
 #: (connect, read) seconds; a stuck server must never stall a caller for long.
 DEFAULT_TIMEOUT = (5.0, 30.0)
-TRANSIENT_STATUSES = frozenset({0, 408, 429, 500, 502, 503, 504})
 Timeout = float | tuple[float, float]
 Query = Sequence[tuple[str, str]] | Mapping[str, str]
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "Backend",
-    "Cause",
-    "KubeAPIError",
     "KubeHTTP",
-    "LineStream",
     "Response",
     "as_kubehttp",
-    "parse_status",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Cause:
-    """One ``details.causes`` entry of a Status (which field, why)."""
-
-    field: str
-    reason: str
-    message: str
-
-
-class KubeAPIError(Exception):
-    """A request that failed; ``status`` 0 means no HTTP answer (refused, timed out, reset)."""
-
-    def __init__(
-        self,
-        verb: str,
-        path: str,
-        status: int,
-        reason: str,
-        message: str,
-        *,
-        causes: Sequence[Cause] = (),
-        details: Mapping[str, Any] | None = None,
-        server: str = "",
-        unreachable: str = "",
-    ) -> None:
-        where = f"{verb} {path}"
-        text = f"{where}: {status} {reason}: {message}" if status else f"{where}: {message}"
-        super().__init__(text)
-        self.verb = verb
-        self.path = path
-        self.status = status
-        self.reason = reason
-        self.message = message
-        self.causes = tuple(causes)
-        #: The Status ``details`` (name, kind, group): tells "no such object" from "no such API".
-        self.details: Mapping[str, Any] = dict(details or {})
-        #: The API server asked, when known ("" otherwise).
-        self.server = server
-        #: For status 0: why there was no answer, in a few words ("connection refused").
-        self.unreachable = unreachable
-
-    @property
-    def transient(self) -> bool:
-        """Worth retrying unchanged after a pause (server or network trouble)."""
-        return self.status in TRANSIENT_STATUSES
-
-    @property
-    def conflict(self) -> bool:
-        return self.status == 409
-
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
-
-    @property
-    def invalid(self) -> bool:
-        return self.status == 422
-
-    @property
-    def expired(self) -> bool:
-        return self.status == 410
-
-    @property
-    def forbidden(self) -> bool:
-        return self.status == 403
-
-    def about(self, kind: str, name: str) -> bool:
-        """Does the Status name this object? A 404 that does not means the API is not served."""
-        return self.details.get("kind") == kind and self.details.get("name") == name
-
-
-def parse_status(verb: str, path: str, status: int, data: bytes | str) -> KubeAPIError:
-    """The error for an answer ``data`` (a Status object, or anything a proxy may send)."""
-    reason, message = "", ""
-    causes: list[Cause] = []
-    details: Mapping[str, Any] = {}
-    try:
-        body = json.loads(data) if data else {}
-    except ValueError:
-        body = {}
-        message = (data.decode(errors="replace") if isinstance(data, bytes) else data)[:500]
-    if isinstance(body, Mapping):
-        reason = str(body.get("reason") or "")
-        message = str(body.get("message") or message)
-        raw_details = body.get("details")
-        details = raw_details if isinstance(raw_details, Mapping) else {}
-        for cause in details.get("causes") or []:
-            if isinstance(cause, Mapping):
-                causes.append(
-                    Cause(
-                        str(cause.get("field") or ""),
-                        str(cause.get("reason") or ""),
-                        str(cause.get("message") or ""),
-                    )
-                )
-        if not status and isinstance(body.get("code"), int):
-            status = body["code"]
-    return KubeAPIError(
-        verb, path, status, reason or "Unknown", message or "no message",
-        causes=causes, details=details,
-    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,8 +127,8 @@ class KubeHTTP:
         try:
             data = raw.data
         except Exception as err:  # reset while reading: still no complete answer
-            raise _no_answer(method, path, err, "reading the answer: ",
-                              server=self.server) from err
+            raise no_answer(method, path, err, "reading the answer: ",
+                            server=self.server) from err
         finally:
             _release(raw)
         headers = {k.lower(): v for k, v in dict(getattr(raw, "headers", {}) or {}).items()}
@@ -292,115 +186,13 @@ class KubeHTTP:
         except KubeAPIError:
             raise
         except Exception as err:  # urllib3/socket/ssl errors: no HTTP answer at all
-            raise _no_answer(method, path, err, server=self.server) from err
-
-
-class LineStream:
-    """Non-empty lines of a chunked answer; ``close`` from another thread ends the reading."""
-
-    def __init__(self, raw: Any, method: str, path: str) -> None:
-        self._raw = raw
-        self._method = method
-        self._path = path
-        self._closed = False
-        self._lock = threading.Lock()
-
-    def __iter__(self) -> Iterator[bytes]:
-        buffer = bytearray()
-        try:
-            for chunk in self._raw.stream(amt=None, decode_content=False):
-                buffer.extend(chunk)
-                while (end := buffer.find(b"\n")) != -1:
-                    line = bytes(buffer[:end]).strip()
-                    del buffer[: end + 1]
-                    if line:
-                        yield line
-            if tail := bytes(buffer).strip():
-                yield tail
-        except GeneratorExit:
-            raise
-        except Exception as err:
-            if self._closed:
-                return
-            raise _no_answer(self._method, self._path, err) from err
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        # shutdown() unblocks a read in another thread; close() alone would not.
-        try:
-            if hasattr(self._raw, "shutdown"):
-                self._raw.shutdown()
-            else:  # urllib3 < 2.3
-                sock = getattr(getattr(self._raw, "connection", None), "sock", None)
-                if sock is not None:
-                    sock.shutdown(socket.SHUT_RDWR)
-        except (OSError, ValueError, RuntimeError, AttributeError):  # already closed
-            pass
-        try:
-            self._raw.release_conn()
-            self._raw.close()
-        except Exception:  # the connection is being thrown away anyway
-            pass
+            raise no_answer(method, path, err, server=self.server) from err
 
 
 def _release(raw: Any) -> None:
     # A broken connection is dropped by the pool anyway.
     with contextlib.suppress(Exception):
         raw.release_conn()
-
-
-def _no_answer(method: str, path: str, err: BaseException, prefix: str = "",
-               server: str = "") -> KubeAPIError:
-    return KubeAPIError(method, path, 0, type(err).__name__, prefix + (str(err) or repr(err)),
-                        server=server, unreachable=unreachable_reason(err))
-
-
-#: urllib3 exception names (not imported here: urllib3 stays out of this module's import).
-_URLLIB3_REASONS = {"ConnectTimeoutError": "connection timed out",
-                    "ReadTimeoutError": "no answer in time", "NameResolutionError":
-                    "host name not resolved", "ProxyError": "proxy refused the connection"}
-
-
-def unreachable_reason(err: BaseException) -> str:
-    """Why a request got no HTTP answer, in a few words, from the innermost known cause.
-
-    urllib3 nests the socket error two or three levels deep (MaxRetryError.reason, then the
-    cause); its own text repeats the pool, the URL and the retry count, one long line.
-    """
-    import ssl  # loaded by urllib3 already
-
-    seen: set[int] = set()
-    todo: list[BaseException] = [err]
-    found = ""
-    while todo:
-        e = todo.pop(0)
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, ConnectionRefusedError):
-            return "connection refused"
-        if isinstance(e, ConnectionResetError):
-            return "connection reset"
-        if isinstance(e, ssl.SSLCertVerificationError):
-            return f"TLS: {e.verify_message or 'certificate not trusted'}"
-        if isinstance(e, ssl.SSLError):
-            return f"TLS: {e.reason or e}"
-        if isinstance(e, socket.gaierror):
-            return "host name not resolved"
-        if isinstance(e, OSError) and e.errno is not None and e.strerror:
-            return e.strerror.lower()
-        found = found or _URLLIB3_REASONS.get(type(e).__name__, "")
-        if isinstance(e, TimeoutError):
-            found = found or "timed out"
-        for nxt in (getattr(e, "reason", None), e.__cause__, e.__context__):
-            if isinstance(nxt, BaseException):
-                todo.append(nxt)
-    return found or type(err).__name__
 
 
 def _timeout(timeout: Timeout) -> Any:

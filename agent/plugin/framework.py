@@ -40,7 +40,8 @@ from agent.claim.status import ClaimStatusWriter, NicStatus
 from agent.common.failpoints import Failpoints, Point, hit
 from agent.common.metrics import Metrics
 from agent.kube.apiversions import CLAIM_API_VERSIONS, ServedVersions, discovery_probe
-from agent.kube.transport import KubeAPIError, as_kubehttp
+from agent.kube.errors import KubeAPIError
+from agent.kube.transport import as_kubehttp
 
 log = logging.getLogger(__name__)
 

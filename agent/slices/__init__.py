@@ -16,10 +16,11 @@ from typing import Any
 from agent.common.metrics import Metrics
 from agent.slices.api import ApiError, KubeSliceClient, SliceClient
 from agent.slices.chunk import chunk_devices
-from agent.slices.controller import Controller, Timing
+from agent.slices.controller import Controller
 from agent.slices.errors import DroppedFieldsError, PublishError, RejectedSliceError, SliceError
 from agent.slices.owner import Owner
 from agent.slices.render import render_slices
+from agent.slices.timing import Timing
 from agent.slices.validate import PoolValidationError, Problem
 from agent.slices.versions import NoResourceAPIError
 from discovery.model import DriverResources

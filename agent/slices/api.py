@@ -15,15 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import quote
 
-from agent.kube.transport import (
-    DEFAULT_TIMEOUT,
-    TRANSIENT_STATUSES,
-    Cause,
-    KubeAPIError,
-    LineStream,
-    as_kubehttp,
-    parse_status,
-)
+from agent.kube.errors import TRANSIENT_STATUSES, Cause, KubeAPIError, parse_status
+from agent.kube.stream import LineStream
+from agent.kube.transport import DEFAULT_TIMEOUT, as_kubehttp
 from agent.slices.versions import GROUP, from_wire, to_wire
 
 #: (connect, read) seconds for ordinary requests; a stuck server must not stall the worker.

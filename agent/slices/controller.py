@@ -2,19 +2,9 @@
 
 Threads, not asyncio (DESIGN.md): one worker that syncs pools one at a time, and one watcher
 per watch scope (watch.py). ``update()`` only records the new desired state and wakes the
-worker; it never blocks on the network. The worker plans each pool with the pure
-``plan_pool`` (sync.py) and has the Publisher (publish.py) execute the plan.
-
-Repair is fast on purpose: an event from someone else (a kubelet wiping the node's slices, a
-person deleting or editing one) schedules the pool ``event_delay_s`` later, to fold a burst
-of events into one sync. Upstream waits 30 s there. Our own writes never schedule anything:
-the store already holds their answer, so their watch echo is old news.
-
-Errors are retried like upstream's rate-limited work queue: a pool whose sync failed is tried
-again after an exponential back-off, reset only by success. That includes a 422: the slice
-may become acceptable without any change on our side (the server is upgraded, a feature
-gate or admission policy changes), so it is not abandoned. A local validation failure is
-not retried, as upstream: nothing outside the agent can make that content valid.
+worker; it never blocks on the network. The worker takes due pools from what the watchers
+told it (events.py), and syncs each (reconcile.py): the pure ``plan_pool`` (sync.py) plans it
+and the Publisher (publish.py) executes the plan.
 
 Deliberate differences from upstream, each with its reason and a test:
 
@@ -36,39 +26,24 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from agent.common.metrics import Metrics
 from agent.slices.api import ApiError, SliceClient
 from agent.slices.backoff import Backoff
-from agent.slices.errors import PublishError, RejectedSliceError
+from agent.slices.events import Events
 from agent.slices.listattrs import ListForm
 from agent.slices.owner import Owner, OwnerUID
-from agent.slices.pools import PoolState, effective, to_desired
-from agent.slices.publish import ConflictError, Publisher
+from agent.slices.pools import to_desired
+from agent.slices.publish import Publisher
+from agent.slices.reconcile import PoolSync
 from agent.slices.scopes import Scopes
-from agent.slices.sync import PoolPlan, plan_pool
-from agent.slices.validate import PoolValidationError
+from agent.slices.timing import Timing
 from agent.slices.versions import NoResourceAPIError, choose_version
 from agent.slices.watch import Scope, Watcher
 from discovery.model import DriverResources
 
 log = logging.getLogger("agent.slices")
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """Knobs; the defaults are the daemon's, tests shorten some."""
-
-    event_delay_s: float = 0.1  # quiet time after a foreign change before repairing
-    burst_max_s: float = 1.0  # a long burst of foreign changes is repaired after this
-    watch_timeout_s: int = 300  # server-side end of each watch request
-    backoff_initial_s: float = 0.2
-    backoff_max_s: float = 10.0
-    rejected_retry_max_s: float = 300.0  # the cap on retrying a pool the server refused (422)
-    conflict_retries: int = 5  # re-read-and-plan-again rounds per sync before backing off
-    stop_poll_s: float = 0.5  # how often a caller's stop_event is looked at
 
 
 def unreachable_line(err: ApiError, retry_max_s: float) -> str:
@@ -114,27 +89,24 @@ class Controller:
             Backoff(self._timing.backoff_initial_s, self._timing.backoff_max_s, rng=self._rng),
         )
         self._stop = threading.Event()
-        self._cond = threading.Condition()  # guards _desired, _pending
-        self._in_sync = threading.Event()
         self._form = ListForm(list_attributes)  # decided after API discovery, if "auto"
         self._resources = resources
         self._desired = to_desired(self._form.apply(resources), owner)
-        self._pending: dict[str, float] = dict.fromkeys(self._desired, 0.0)
-        self._bursts: dict[str, float] = {}  # pool -> first event of a burst being debounced
-        self._recovered = False  # set by a watcher when the server answers again
-        self._watch_errors: set[tuple[str, int]] = set()
-        self._watch_down: set[str] = set()  # scopes whose server did not answer (guarded)
+        self._events = Events(
+            self._desired, lambda: self._desired, burst_max_s=self._timing.burst_max_s,
+            metrics=self._metrics, report=self._report,
+        )
+        self._cond = self._events.cond  # guards _desired, _resources and the pending pools
+        self._in_sync = self._events.in_sync
         self._scopes = Scopes(driver, owner, self._start_watcher)
         self._scopes_dirty = False
         self._threads: list[threading.Thread] = []
         self._version: str | None = None
-        self._publisher: Publisher | None = None
         # Worker-only state.
-        self._backoffs: dict[str, Backoff] = {}
-        self._failing: set[str] = set()
-        self._generations: dict[str, int] = {}  # last generation published per pool
-        self._rejected: dict[str, str] = {}  # pool -> fingerprint refused with 422
-        self._invalid: dict[str, str] = {}  # pool -> fingerprint failing local checks
+        self._sync = PoolSync(
+            driver, self._owner_uid, self._scopes.existing, self._events.retry_later,
+            timing=self._timing, rng=self._rng, metrics=self._metrics, report=self._report,
+        )
         self._next_resync = time.monotonic() + resync_period_s
         self._worked = False
         if client is None:
@@ -165,11 +137,7 @@ class Controller:
             self._resources = resources
             self._desired = to_desired(self._form.apply(resources), self._owner)
             self._scopes_dirty = True
-            now = time.monotonic()
-            for pool in old | set(self._desired):
-                self._pending[pool] = now
-            self._in_sync.clear()
-            self._cond.notify_all()
+            self._events.due_now(old | set(self._desired))
 
     def alive(self) -> bool:
         """Whether background publishing still runs (the worker thread); True when inactive.
@@ -198,81 +166,6 @@ class Controller:
             if thread is not threading.current_thread():
                 thread.join()
             index += 1
-
-    # -- watch.Sink -------------------------------------------------------------------------
-
-    def schedule(self, pools: Iterable[str], delay: float) -> None:
-        """Sync ``pools`` now (delay 0) or once a burst of foreign changes has settled.
-
-        A burst (a kubelet's deletecollection: one event per slice) is debounced: each event
-        pushes the sync ``delay`` further, but never past ``burst_max_s`` after the burst's
-        first event. Syncing in the middle of it would plan on a half-deleted pool.
-        """
-        pools = list(pools)
-        if not pools:
-            return
-        with self._cond:
-            now = time.monotonic()
-            for pool in pools:
-                if delay <= 0:
-                    self._pending[pool] = now
-                    self._bursts.pop(pool, None)
-                    continue
-                start = self._bursts.setdefault(pool, now)
-                due = min(now + delay, start + self._timing.burst_max_s)
-                current = self._pending.get(pool)
-                if current is not None and current < start:
-                    due = min(current, due)  # an earlier, non-burst sync is kept
-                self._pending[pool] = due
-            self._in_sync.clear()
-            self._cond.notify_all()
-
-    def _retry_later(self, pool: str, delay: float) -> None:
-        with self._cond:
-            due = time.monotonic() + delay
-            self._pending[pool] = min(self._pending.get(pool, due), due)
-            self._in_sync.clear()
-            self._cond.notify_all()
-
-    def scope_listed(self, scope: Scope, first: bool) -> None:
-        # After a scope's first list, and after each resync list, every pool gets a look;
-        # with no pool at all the worker still has to wake up to say "in sync".
-        with self._cond:
-            pools = set(self._desired) | scope.store.pools()
-            self._cond.notify_all()
-        self.schedule(pools, 0.0)
-
-    def watch_failed(self, scope: Scope, error: ApiError, retry_in_s: float) -> None:
-        self._metrics.slice_errors.labels(reason="watch").inc()
-        fields = {"selector": scope.field_selector, "error": str(error),
-                  "retry_in_s": round(retry_in_s, 2)}
-        # An unreachable server is said once per outage (watch_recovered ends it), not on
-        # every retry of every watch.
-        with self._cond:
-            first = error.status != 0 or scope.field_selector not in self._watch_down
-            if error.status == 0:
-                self._watch_down.add(scope.field_selector)
-        if first:
-            log.warning("watching ResourceSlices failed", extra=fields)
-        else:
-            log.debug("watching ResourceSlices failed", extra=fields)
-        # Outages are expected and retried quietly; a refusal (403 from RBAC or the node
-        # authorizer, 400) needs an operator, so it goes to on_error, once per kind.
-        key = (scope.field_selector, error.status)
-        if not error.transient and key not in self._watch_errors:
-            self._watch_errors.add(key)
-            self._report(error)
-
-    def watch_recovered(self, scope: Scope) -> None:
-        log.info("watching ResourceSlices again", extra={"selector": scope.field_selector})
-        with self._cond:
-            self._watch_down.discard(scope.field_selector)
-            now = time.monotonic()
-            # Pools waiting in back-off are retried now, from the shortest delay again.
-            for pool, due in self._pending.items():
-                self._pending[pool] = min(due, now)
-            self._recovered = True
-            self._cond.notify_all()
 
     # -- threads ----------------------------------------------------------------------------
 
@@ -310,13 +203,6 @@ class Controller:
         except Exception:  # the handler is the caller's; its failure must not stop us
             log.exception("on_error handler failed")
 
-    def _backoff(self, key: str) -> Backoff:
-        if key not in self._backoffs:
-            self._backoffs[key] = Backoff(
-                self._timing.backoff_initial_s, self._timing.backoff_max_s, rng=self._rng
-            )
-        return self._backoffs[key]
-
     # -- worker -----------------------------------------------------------------------------
 
     def _run_worker(self) -> None:
@@ -332,16 +218,16 @@ class Controller:
             for pool in due or ():
                 if self._stopping():
                     return
-                self._sync_pool(pool)
+                with self._cond:
+                    state = self._desired.get(pool)
+                self._sync.sync(pool, state)
                 self._worked = True
 
     def _take_due(self) -> list[str] | None:
         """Pools due now; None after waiting (for work, a stop, or the periodic resync)."""
         with self._cond:
-            if self._recovered:
-                self._recovered = False
-                self._backoffs = {k: v for k, v in self._backoffs.items()
-                                  if not k.startswith("pool/")}
+            if self._events.take_recovered():
+                self._sync.forget_pool_backoffs()
             now = time.monotonic()
             if now >= self._next_resync:
                 self._next_resync = now + self._resync_period_s
@@ -350,19 +236,14 @@ class Controller:
             if recheck is not None and now >= recheck:
                 # Look for the missing Node again: the next sync of any pool does it.
                 self._owner_uid.recheck_at = recheck = None
-                for pool in self._desired:
-                    self._pending[pool] = min(self._pending.get(pool, now), now)
-            ready = {p: t for p, t in self._pending.items() if self._ready(p)}
-            due = sorted(p for p, t in ready.items() if t <= now)
+                self._events.due_by(self._desired, now)
+            due, waiting = self._events.take_due(self._ready, now)
             if due:
-                for pool in due:
-                    del self._pending[pool]
-                    self._bursts.pop(pool, None)
                 return due
-            if not self._pending and self._scopes.all_listed():
+            if not self._events.pending and self._scopes.all_listed():
                 self._mark_synced()
             # Pools waiting for their scope's first list are woken by scope_listed().
-            wait = min([self._next_resync - now, *(t - now for t in ready.values()),
+            wait = min([self._next_resync - now, *(t - now for t in waiting),
                         *([recheck - now] if recheck is not None else [])])
             if self._external_stop is not None:
                 wait = min(wait, self._timing.stop_poll_s)
@@ -370,7 +251,7 @@ class Controller:
             return None
 
     def _mark_synced(self) -> None:
-        if self._failing or self._rejected or self._invalid:
+        if not self._sync.clean:
             return
         if self._worked or not self._in_sync.is_set():
             self._metrics.last_publish.set(time.time())
@@ -383,7 +264,8 @@ class Controller:
 
     def _discover(self) -> bool:
         assert self._client is not None
-        backoff = self._backoff("discovery")
+        backoff = Backoff(self._timing.backoff_initial_s, self._timing.backoff_max_s,
+                          rng=self._rng)
         reported = False
         failing, server = "", "-"  # the warning logged for the current failure, if any
         while not self._stopping():
@@ -412,7 +294,7 @@ class Controller:
                     log.info("API server answers again", extra={"server": server})
                 log.info("publishing ResourceSlices",
                          extra={"api_version": self._version, "driver": self._driver})
-                self._publisher = Publisher(
+                self._sync.publisher = Publisher(
                     self._client, self._version, self._scopes.for_node, self._scopes.holding,
                     metrics=self._metrics, report=self._report,
                 )
@@ -444,7 +326,7 @@ class Controller:
     def _start_watcher(self, scope: Scope) -> None:
         assert self._client is not None and self._version is not None
         watcher = Watcher(
-            self._client, self._version, scope, self, self._stop,
+            self._client, self._version, scope, self._events, self._stop,
             event_delay_s=self._timing.event_delay_s,
             watch_timeout_s=self._timing.watch_timeout_s,
             backoff=Backoff(self._timing.backoff_initial_s, self._timing.backoff_max_s,
@@ -459,98 +341,6 @@ class Controller:
             return self._scopes.any_listed()
         return self._scopes.listed(state.pool.node_name)
 
-    # -- one pool ---------------------------------------------------------------------------
-
-    def _sync_pool(self, pool: str) -> None:
-        assert self._publisher is not None
-        with self._cond:
-            state = self._desired.get(pool)
-        if state is None:
-            self._invalid.pop(pool, None)
-        elif not self._valid(pool, state):
-            return
-        try:
-            for _ in range(self._timing.conflict_retries):
-                desired = effective(state, self._publisher.accepted) if state else None
-                existing = self._scopes.existing(pool)
-                owner = self._owner_uid.ref()
-                plan = plan_pool(
-                    self._driver, pool, desired, existing, owner,
-                    generation_floor=self._generations.get(pool, 0),
-                )
-                if self._owner_uid.stale(plan, existing, owner):
-                    owner = self._owner_uid.ref(refresh=True)
-                    plan = plan_pool(
-                        self._driver, pool, desired, existing, owner,
-                        generation_floor=self._generations.get(pool, 0),
-                    )
-                try:
-                    self._publisher.execute(plan, state)
-                except ConflictError:
-                    continue
-                self._succeeded(pool, plan)
-                return
-            raise ApiError("SYNC", pool, 409, "Conflict", "the pool kept changing under us")
-        except RejectedSliceError as err:
-            assert state is not None
-            self._rejected_by_server(pool, state, err)
-        except ApiError as err:
-            self._failed(pool, err)
-
-    def _valid(self, pool: str, state: PoolState) -> bool:
-        """Local limits; an invalid pool is reported once per content and left as it is."""
-        problems = state.check(self._driver)
-        if not problems:
-            self._invalid.pop(pool, None)
-            return True
-        if self._invalid.get(pool) != state.fingerprint:
-            self._invalid[pool] = state.fingerprint
-            err = PoolValidationError(pool, problems)
-            self._metrics.slice_errors.labels(reason="invalid").inc()
-            log.error(str(err), extra={"pool": pool})
-            self._report(err)
-        return False
-
     def _node_uid(self, name: str) -> str:
         assert self._client is not None
         return self._client.node_uid(name)
-
-    def _succeeded(self, pool: str, plan: PoolPlan) -> None:
-        if plan.writes:
-            self._generations[pool] = plan.generation
-        if pool in self._failing or pool in self._rejected:
-            log.info("publishing recovered", extra={"pool": pool})
-        self._failing.discard(pool)
-        self._rejected.pop(pool, None)
-        self._backoffs.pop(f"pool/{pool}", None)
-        self._backoffs.pop(f"rejected/{pool}", None)
-
-    def _rejected_by_server(self, pool: str, state: PoolState, err: RejectedSliceError) -> None:
-        """Retry later (capped back-off); say it once per content, quietly on each retry."""
-        key = f"rejected/{pool}"
-        if key not in self._backoffs:
-            self._backoffs[key] = Backoff(
-                self._timing.backoff_initial_s, self._timing.rejected_retry_max_s,
-                rng=self._rng,
-            )
-        delay = self._backoffs[key].next()
-        self._retry_later(pool, delay)
-        self._metrics.slice_errors.labels(reason="invalid").inc()
-        fields = {"pool": pool, "slice": err.slice_name, "retry_in_s": round(delay, 2)}
-        if self._rejected.get(pool) == state.fingerprint:
-            log.debug("ResourceSlice still rejected", extra=fields)
-            return
-        self._rejected[pool] = state.fingerprint
-        log.error(str(err), extra=fields)
-        self._report(err)
-
-    def _failed(self, pool: str, err: ApiError) -> None:
-        delay = self._backoff(f"pool/{pool}").next()
-        self._failing.add(pool)
-        self._retry_later(pool, delay)
-        self._metrics.slice_errors.labels(
-            reason="unavailable" if err.transient else "api_error"
-        ).inc()
-        error = PublishError(pool, "sync", err, delay)
-        log.warning(str(error), extra={"pool": pool})
-        self._report(error)

@@ -8,7 +8,7 @@ NVML bus id in NVML's own spelling (``00000000:1B:00.0``).
 Hooks for tests and the health feature: ``inject_xid``, ``inject_ecc``, ``set_lost``,
 ``recover`` (one GPU answers again), ``fail`` (make one call raise for one GPU, e.g. an NVML
 error mid-scan), ``clear_faults``. They may be called from any thread (a running agent takes
-them from ``dra-agent simulate fault``, agent/simfaults.py).
+them from ``dra-agent simulate fault``, agent/simfaults/).
 
 MIG instances are created and destroyed under the real rules (``mig -lgipp`` placements of
 the GPU's model, no two GIs on one memory slice, one 1g+me per GPU, no GI destroyed while it

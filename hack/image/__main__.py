@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from hack.image.build import Builder, Built, default_cache, image_names
+from hack.image.build import Builder, Built, image_names
+from hack.image.cache import default_cache
 from hack.image.dockerfile import render
 from hack.image.errors import FAILED, BuildError
 from hack.image.recipe import RECIPE, REPO, VERSION

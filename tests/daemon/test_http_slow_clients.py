@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.httpserver import MAX_CONNECTIONS, REQUEST_TIMEOUT_S, HealthServer
+from agent.httplistener import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
+from agent.httpserver import HealthServer
 from tests.waiting import wait_for
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.simfaults import open_inbox
+from agent.simfaults.writer import open_inbox
 from tests.e2e.harness import (
     DRIVER,
     REPO,

@@ -8,7 +8,7 @@ import yaml
 
 from agent.doctor import api
 from agent.doctor.model import Status
-from agent.kube.transport import KubeAPIError
+from agent.kube.errors import KubeAPIError
 from discovery.model import Device, DeviceType, Inventory
 from tests.conftest import REPO
 from tests.doctor.conftest import FakeHttp, Tree, assert_check, context

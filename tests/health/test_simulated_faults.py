@@ -1,4 +1,4 @@
-"""The simulated agent's fault inbox (agent/simfaults.py) in-process: a request written as
+"""The simulated agent's fault inbox (agent/simfaults/) in-process: a request written as
 ``dra-agent simulate fault`` writes it reaches the NVML fake, and the GPU watcher sees it as a
 real fault; a bad or hostile entry is one warning line, moved aside, never an exception."""
 
@@ -16,22 +16,20 @@ import pytest
 from agent.health.gpu import GpuWatcher, Mode
 from agent.health.model import Kind
 from agent.health.options import HealthOptions
-from agent.simfaults import (
-    MAX_REJECTED,
+from agent.simfaults.inbox import MAX_REJECTED, FaultInbox
+from agent.simfaults.layout import REASON_SUFFIX, REJECTED_SUBDIR, agent_lock_path, inbox_lock
+from agent.simfaults.request import (
     MAX_REQUEST_BYTES,
-    REASON_SUFFIX,
-    REJECTED_SUBDIR,
-    FaultInbox,
     FaultKind,
     FaultRequest,
     FaultRequestError,
+    parse_request,
+)
+from agent.simfaults.writer import (
     Outcome,
-    agent_lock_path,
     agent_problem,
-    inbox_lock,
     open_inbox,
     outcome,
-    parse_request,
     withdraw,
     write_request,
 )

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hack.image.build import Command
 from hack.image.recipe import Recipe
+from hack.image.steps import Command
 
 
 @dataclass(frozen=True)

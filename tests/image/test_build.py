@@ -11,17 +11,12 @@ from pathlib import Path
 import pytest
 
 from hack.image import __main__ as cli
-from hack.image.build import (
-    Builder,
-    Command,
-    SubprocessRunner,
-    agent_key,
-    archive_name,
-    debian_command,
-    image_names,
-)
+from hack.image.build import Builder, archive_name, image_names
 from hack.image.errors import FAILED, USAGE, BuildError
+from hack.image.keys import agent_key
 from hack.image.recipe import AGENT_IMAGE, PAUSE_IMAGE, RECIPE, WORKLOAD_IMAGE, Recipe
+from hack.image.runner import SubprocessRunner
+from hack.image.steps import Command, debian_command
 from tests.image.conftest import FakeTools, make_repo, read_archive
 
 # A package more than the real recipe, so what ran can only have come from this object.

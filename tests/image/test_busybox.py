@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from hack.image.build import Builder, busybox_key
+from hack.image.build import Builder
 from hack.image.busybox import applets_of, linked_applets
 from hack.image.errors import BuildError
+from hack.image.keys import busybox_key
 from hack.image.recipe import PAUSE_IMAGE, RECIPE, WORKLOAD_IMAGE
 from tests.image.conftest import FakeTools, fake_busybox, read_archive
 

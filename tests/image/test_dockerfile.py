@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hack.image.build import debian_command, install_commands
 from hack.image.dockerfile import render
 from hack.image.recipe import RECIPE, VERSION, AgentRecipe
+from hack.image.steps import debian_command, install_commands
 from tests.conftest import REPO
 
 

@@ -23,7 +23,8 @@ from typing import Any
 import yaml
 
 from agent.kube.client import KubeConfigError, api_client
-from agent.kube.transport import KubeAPIError, Response
+from agent.kube.errors import KubeAPIError
+from agent.kube.transport import Response
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "kubeconfigs" / "corpus.yaml"
 WHOAMI = "/apis/authentication.k8s.io/v1/selfsubjectreviews"

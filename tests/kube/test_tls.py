@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from agent.kube.client import api_client
-from agent.kube.transport import KubeAPIError, KubeHTTP
+from agent.kube.errors import KubeAPIError
+from agent.kube.transport import KubeHTTP
 from tests.kube.conftest import EchoServer, Pki, kubeconfig
 
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from agent.kube.client import api_client
+from agent.kube.errors import KubeAPIError, parse_status
 from agent.kube.lean import LeanBackend
-from agent.kube.transport import KubeAPIError, KubeHTTP, Response, as_kubehttp, parse_status
+from agent.kube.transport import KubeHTTP, Response, as_kubehttp
 from agent.slices.api import KubeSliceClient
 from tests.fakes.apiserver import FakeAPIServer
 from tests.kube.conftest import Answer, EchoServer, kubeconfig

@@ -16,7 +16,8 @@ from click.testing import CliRunner, Result
 
 from agent.cli import main
 from agent.health.options import HealthOptions
-from agent.simfaults import REJECTED_SUBDIR, FaultInbox, agent_lock_path
+from agent.simfaults.inbox import FaultInbox
+from agent.simfaults.layout import REJECTED_SUBDIR, agent_lock_path
 from discovery.scan import discover
 from discovery.simulate import scratch_dir, simulated_sources
 

@@ -236,7 +236,7 @@ def test_probe_object_passes_our_own_validation_with_the_gate_on() -> None:
 
 def test_a_422_about_something_else_is_the_scalar_with_a_warning(
         caplog: pytest.LogCaptureFixture) -> None:
-    from agent.kube.transport import Cause
+    from agent.kube.errors import Cause
 
     class Refusing:
         def dry_run_create(self, version: str, obj: Any) -> Any:
