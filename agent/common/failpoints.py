@@ -44,15 +44,15 @@ class Point(StrEnum):
     UNPREPARE_AFTER_SPEC_REMOVED = "unprepare-after-spec-removed"
     UNPREPARE_AFTER_COMPLETED = "unprepare-after-completed"  # record gone from the checkpoint
     UNPREPARE_BEFORE_ANSWER = "unprepare-before-answer"
-    # Dynamic MIG partitions (agent.prepare.partitions).
+    # Dynamic MIG partitions (agent.prepare.effects.mig).
     MIG_AFTER_INTENT = "mig-after-intent"  # the partition's intent is durable, nothing made
     MIG_AFTER_GI_CREATED = "mig-after-gi-created"  # GPU instance made, no compute instance
     MIG_AFTER_IDS_RECORDED = "mig-after-ids-recorded"  # both made, ids in the record (memory)
     MIG_AFTER_DESTROYED = "mig-after-destroyed"  # unprepare destroyed them, record still there
-    # VFs on demand (agent.prepare.vfs).
+    # VFs on demand (agent.prepare.effects.vfs).
     VF_AFTER_INTENT = "vf-after-intent"  # the drivers to restore are recorded, none rebound
     VF_AFTER_BOUND = "vf-after-bound"  # the claim's VFs are on their new drivers
-    # Shares (agent.prepare.enforce).
+    # Shares (agent.prepare.effects.timeslice).
     TIME_SLICE_AFTER_SET = "time-slice-after-set"  # the GPU's interval set, no spec yet
 
 

@@ -411,7 +411,7 @@ class Daemon:
 
     def _start_simulated_faults(self, sources: Sources) -> None:
         """--simulate: the inbox 'dra-agent simulate fault' writes to, beside the checkpoint
-        (agent/simfaults.py); after the health monitor, whose event sets the faults reach."""
+        (agent/simfaults/); after the health monitor, whose event sets the faults reach."""
         if not self.cfg.simulate:
             return
         from agent.simfaults.inbox import FaultInbox

@@ -40,7 +40,7 @@ class RunOptions:
     device_metadata: bool = True
     #: Start even where a device plugin advertises what our DeviceClasses map to our devices.
     allow_device_plugin_overlap: bool = False
-    #: The node's MPS control daemon's pipe directory (``agent.prepare.enforce``).
+    #: The node's MPS control daemon's pipe directory (``agent.prepare.effects.mps``).
     mps_pipe_dir: Path | None = None
 
 

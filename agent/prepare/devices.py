@@ -44,7 +44,7 @@ class SpecDevice:
     #: A share's consumedCapacity and how the claim asks it to be bounded (``enforce``).
     consumed: Mapping[str, str] = field(default_factory=dict)
     sharing: SharingConfig = field(default_factory=SharingConfig)
-    #: ``vf.driver`` of the claim's config for a VF (``agent.prepare.vfs``); None otherwise.
+    #: ``vf.driver`` of the claim's config for a VF (``agent.prepare.effects.vfs``); None otherwise.
     vf_driver: str | None = None
 
     @property

@@ -13,6 +13,8 @@ scheduler cache or a force-deleted pod can still over-commit a device:
   device's request policy gives by default, as the scheduler would have consumed.
 
 Exclusive use against shares is refused by ``DevicePreparer._check_free``, which sees both.
+``check_config`` refuses the ``sharing`` knobs (time slice, MPS) on a device nothing bounds by
+them: a share of another vendor's GPU, a NIC, an exclusive device.
 """
 
 from __future__ import annotations
