@@ -105,7 +105,8 @@ class NetdevConfig:
 
 @dataclass(frozen=True, slots=True)
 class SharingConfig:
-    """How a share of a GPU is bounded (``agent.prepare.effects``: timeslice, mps). ``None``: not set here."""
+    """How a share of a GPU is bounded (``agent.prepare.effects``: timeslice, mps). ``None``:
+    not set here."""
 
     time_slice: str | None = None
     mps: bool | None = None
