@@ -4,8 +4,8 @@ have as candidate devices consuming from its counter set (``<pf>-vfs``: ``vfs`` 
 The kernel changes ``sriov_numvfs`` only from 0 to N or from N to 0: VFs cannot be added one
 at a time, and going back to 0 destroys every VF, in use or not. So the agent **pre-sizes on
 first use** (``agent.prepare.effects.vfs``): the first prepare of a candidate of a PF with no
-VFs writes TotalVFs, once; every VF then exists and later claims get idle ones. The agent never writes any
-other value (no shrinking, no growing while VFs exist), so a VF in use is never destroyed. A PF
+VFs writes TotalVFs, once; every VF then exists and later claims get idle ones. The agent never
+writes any other value (no shrinking, no growing while VFs exist), so a VF in use is never destroyed. A PF
 that already has VFs is offered as today: its VFs as they are, no candidates.
 
 A candidate is named as its VF will be (``vf-<pci address>``, the address from the PF's
