@@ -5,8 +5,8 @@ The kernel changes ``sriov_numvfs`` only from 0 to N or from N to 0: VFs cannot 
 at a time, and going back to 0 destroys every VF, in use or not. So the agent **pre-sizes on
 first use** (``agent.prepare.effects.vfs``): the first prepare of a candidate of a PF with no
 VFs writes TotalVFs, once; every VF then exists and later claims get idle ones. The agent never
-writes any other value (no shrinking, no growing while VFs exist), so a VF in use is never destroyed. A PF
-that already has VFs is offered as today: its VFs as they are, no candidates.
+writes any other value (no shrinking, no growing while VFs exist), so a VF in use is never
+destroyed. A PF that already has VFs is offered as today: its VFs as they are, no candidates.
 
 A candidate is named as its VF will be (``vf-<pci address>``, the address from the PF's
 ``sriov_offset``/``sriov_stride``: routing ID = PF's + offset + stride x index), so a claim's
