@@ -16,7 +16,7 @@ from agent.checkpoint.store import CheckpointStore, read_boot_id
 from agent.common.failpoints import Failpoints
 from agent.common.metrics import Metrics
 from agent.plugin import PluginOptions, PluginServer
-from agent.plugin.framework import ClaimSource
+from agent.plugin.driver import ClaimSource
 from agent.prepare.cdispecs import CDIClaimSpecs, DeviceEdits
 from agent.prepare.claimmetadata import ClaimMetadata
 from agent.prepare.claimspec import ClaimBuilder

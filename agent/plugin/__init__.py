@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from agent.common.failpoints import Failpoints
 from agent.common.metrics import Metrics
-from agent.plugin.framework import APIClaimSource, ClaimSource, PluginFramework, Preparer
+from agent.plugin.apiclaims import APIClaimSource
+from agent.plugin.driver import ClaimSource, Preparer
+from agent.plugin.framework import PluginFramework
 from agent.plugin.limits import MAX_STREAMS, StreamSlots, max_concurrent_rpcs, server_options
 from agent.plugin.registration import DRA_SERVICES, HEALTH_SERVICES, RegistrationServer
 from agent.plugin.server import add_dra_services

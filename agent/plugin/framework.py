@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import threading
@@ -22,38 +21,26 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
-from urllib.parse import quote
+from typing import Any
 
 from agent.checkpoint.model import ClaimRecord
 from agent.claim.model import (
     Claim,
     ClaimError,
-    ClaimFetchError,
     ClaimNotAllocatedError,
-    ClaimNotFoundError,
     ClaimRef,
     check_uid,
     parse_claim,
 )
-from agent.claim.status import ClaimStatusWriter, NicStatus
+from agent.claim.status import ClaimStatusWriter
 from agent.common.failpoints import Failpoints, Point, hit
 from agent.common.metrics import Metrics
-from agent.kube.apiversions import CLAIM_API_VERSIONS, ServedVersions, discovery_probe
-from agent.kube.errors import KubeAPIError
-from agent.kube.transport import as_kubehttp
+from agent.plugin.apiclaims import APIClaimSource
+from agent.plugin.driver import ClaimSource, ClaimStatusReporter, Preparer
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "CLAIM_API_VERSIONS",
-    "MAX_CLAIMS_PER_CALL",
-    "APIClaimSource",
-    "ClaimOutcome",
-    "ClaimSource",
-    "ClaimStatusReporter",
-    "PluginFramework",
-]
+__all__ = ["MAX_CLAIMS_PER_CALL", "ClaimOutcome", "PluginFramework"]
 
 
 #: Claims one call may carry. The kubelet sends one call per pod with that pod's claims
@@ -69,106 +56,6 @@ Gone = Callable[[], bool]
 
 def _never() -> bool:
     return False
-
-
-class ClaimSource(Protocol):
-    """Where claims come from (the API server, or a test's dict)."""
-
-    def get(self, ref: ClaimRef) -> Mapping[str, Any]:
-        """The claim object; ClaimNotFoundError / ClaimFetchError when it cannot be had."""
-        ...
-
-
-class Preparer(Protocol):
-    """What the framework hands each checked claim to, as upstream's helper hands a driver's
-    ``DRAPlugin`` its claims (``agent.prepare.DevicePreparer``). It knows nothing of gRPC."""
-
-    driver: str
-    pool: str
-    node_name: str
-    failpoints: Failpoints | None
-
-    def prepare(self, claim: Claim) -> ClaimRecord:
-        """Prepare an allocated claim (UID checked); a ``ClaimError`` says why not."""
-        ...
-
-    def prepare_recorded(self, ref: ClaimRef) -> ClaimRecord | None:
-        """Answer a repeated prepare from what is recorded; None when the claim is needed."""
-        ...
-
-    def unprepare(self, uid: str, ref: ClaimRef | None = None) -> None: ...
-
-    def network_status(self, claim: Claim) -> list[NicStatus]: ...
-
-    def recorded_claim(self, ref: ClaimRef, record: ClaimRecord) -> Claim | None: ...
-
-    def recover(self) -> object:
-        """Finish what a crash interrupted; before the first call is served."""
-        ...
-
-    def close(self) -> None:
-        """Release what it holds open (the checkpoint); the last call."""
-        ...
-
-
-class ClaimStatusReporter(Protocol):
-    """Reports prepared NICs in the claim (``ClaimStatusWriter``); must never raise."""
-
-    def report(self, claim: Mapping[str, Any], nics: Sequence[NicStatus]) -> bool: ...
-
-
-class APIClaimSource:
-    """GET of one ResourceClaim through a ``KubeHTTP`` (or an official ApiClient), as a dict.
-
-    The first API version the server serves is remembered; a 404 that is not about the claim
-    itself (the version is not served) moves on to the next version.
-    """
-
-    def __init__(
-        self,
-        api_client: Any,
-        versions: Sequence[str] = CLAIM_API_VERSIONS,
-        timeout_s: float = 10.0,
-    ) -> None:
-        self.api_client = as_kubehttp(api_client)
-        self._http = self.api_client
-        #: Well under the kubelet's 45 s call deadline, so the claim still gets its own answer.
-        self.timeout_s = timeout_s
-        self._versions = ServedVersions(versions, probe=discovery_probe(self._http))
-
-    def get(self, ref: ClaimRef) -> Mapping[str, Any]:
-        for version in self._versions.candidates():
-            # Checked as DNS names already (check_uid); quoted all the same, so that no
-            # value can ever reach another path with the agent's credentials.
-            path = (
-                f"/apis/resource.k8s.io/{version}/namespaces/{quote(ref.namespace, safe='')}"
-                f"/resourceclaims/{quote(ref.name, safe='')}"
-            )
-            try:
-                resp = self._http.request("GET", path, timeout=self.timeout_s)
-            except KubeAPIError as err:  # connection refused, timeouts
-                raise ClaimFetchError(
-                    str(ref), f"GET from the API server failed: {err.message}"
-                ) from err
-            if resp.status == 200:
-                try:
-                    return dict(json.loads(resp.body))
-                except (ValueError, TypeError) as err:
-                    raise ClaimFetchError(str(ref), f"the API server sent bad JSON: {err}") from err
-            error = resp.error()
-            if resp.status == 404 and error.about("resourceclaims", ref.name):
-                raise ClaimNotFoundError(str(ref), "not found in the API server (deleted?)")
-            if resp.status == 404 and self._versions.not_served(version):
-                continue
-            # The server's message says why (e.g. the Node authorizer's "no relationship found
-            # between node ... and this object"), on one line.
-            why = " ".join(error.message.split())[:300]
-            raise ClaimFetchError(
-                str(ref),
-                f"GET from the API server failed: {resp.status} {resp.reason}"
-                + (f": {why}" if why else ""),
-            )
-        raise ClaimFetchError(str(ref), "the API server serves no resource.k8s.io version")
 
 
 @dataclass(frozen=True, slots=True)

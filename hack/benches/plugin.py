@@ -29,7 +29,7 @@ from agent.claim.model import ClaimRef
 from agent.common.metrics import Metrics
 from agent.daemon.wiring import plugin_server
 from agent.plugin import PluginOptions, PluginServer
-from agent.plugin.framework import APIClaimSource
+from agent.plugin.apiclaims import APIClaimSource
 from agent.prepare import EnvOnlyEdits
 from agent.prepare.options import PrepareOptions
 from discovery.model import Device, DeviceType, HostInfo, Inventory

@@ -10,7 +10,7 @@ import pytest
 from agent.claim.model import ClaimFetchError, ClaimNotFoundError, ClaimRef
 from agent.common.metrics import Metrics
 from agent.daemon.wiring import plugin_server
-from agent.plugin.framework import APIClaimSource
+from agent.plugin.apiclaims import APIClaimSource
 from discovery.model import Inventory
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.kubelet import KubeletStandIn

@@ -13,7 +13,7 @@ SCRIPT = """
 import json, sys
 from agent.kube.client import api_client
 from agent.slices.api import KubeSliceClient
-from agent.plugin.framework import APIClaimSource
+from agent.plugin.apiclaims import APIClaimSource
 from agent.claim.status import ClaimStatusWriter
 import agent.daemon, agent.slices, agent.plugin
 
