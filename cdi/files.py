@@ -1,24 +1,22 @@
 """Durable spec files: atomic write, idempotent remove, read back, claim file names.
 
 Runtimes watch the CDI directory and read every ``*.json``/``*.yaml`` file in it, so a spec
-is written under a temporary name that does not end in either, fsynced, renamed into place
-and the directory fsynced: a reader sees the old file or the complete new one, and after a
-crash the rename is either durable or not there at all. The file system calls go through
-``FileOps`` so tests can make a disk fill up or turn read-only at any step.
+is written by ``cdi.atomicfile.write_atomic``: under a temporary name that ends in neither,
+fsynced, renamed into place and the directory fsynced; a reader sees the old file or the
+complete new one, and after a crash the rename is either durable or not there at all. The file
+system calls go through ``FileOps`` so tests can make a disk fill up or turn read-only at any
+step.
 
 Spec files are mode 0600, root's only: ``SPEC_FILE_MODE`` says why (claim env values).
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
-import os
-import secrets
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from cdi.atomicfile import OS_FILE_OPS, FileOps, fsync_dir, write_atomic
 from cdi.errors import CDISpecError, CDIWriteError
 from cdi.names import validate_class, validate_vendor
 from cdi.parse import spec_from_dict
@@ -32,30 +30,6 @@ from cdi.spec import Spec
 #: A rootless runtime (podman as a user) cannot read them, and has no claims to use them for.
 SPEC_FILE_MODE = 0o600
 SPEC_SUFFIXES = (".json", ".yaml")
-TEMP_SUFFIX = ".tmp"
-
-
-class FileOps(Protocol):
-    """The system calls a spec write makes; ``OsFileOps`` is the real one."""
-
-    def open(self, path: str, flags: int, mode: int) -> int: ...
-    def write(self, fd: int, data: bytes) -> int: ...
-    def fsync(self, fd: int) -> None: ...
-    def replace(self, src: str, dst: str) -> None: ...
-
-
-class OsFileOps:
-    def open(self, path: str, flags: int, mode: int) -> int:
-        return os.open(path, flags, mode)
-
-    def write(self, fd: int, data: bytes) -> int:
-        return os.write(fd, data)
-
-    def fsync(self, fd: int) -> None:
-        os.fsync(fd)
-
-    def replace(self, src: str, dst: str) -> None:
-        os.replace(src, dst)
 
 
 def claim_spec_file_name(vendor: str, class_: str, claim_uid: str) -> str:
@@ -90,15 +64,6 @@ def render_spec(spec: Spec, file_name: str) -> bytes:
     return (json.dumps(data, indent=2) + "\n").encode()
 
 
-def fsync_dir(path: Path, ops: FileOps | None = None) -> None:
-    ops = ops or OsFileOps()
-    fd = ops.open(str(path), os.O_RDONLY | os.O_DIRECTORY, 0)
-    try:
-        ops.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_spec(
     cdi_dir: Path, file_name: str, spec: Spec, *, ops: FileOps | None = None,
     max_bytes: int | None = None,
@@ -117,39 +82,12 @@ def write_spec(
     if max_bytes is not None and len(data) > max_bytes:
         raise CDISpecError(f"it would be {len(data)} bytes, over the {max_bytes}-byte cap "
                            "it is read back with", cdi_dir / file_name)
-    ops = ops or OsFileOps()
     final = cdi_dir / file_name
-    temp = cdi_dir / f".{file_name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
-    fd: int | None = None
-    created = False
     try:
         cdi_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = ops.open(str(temp), flags, 0o600)
-        created = True
-        # Exactly SPEC_FILE_MODE whatever the umask (which may only take bits away).
-        os.fchmod(fd, SPEC_FILE_MODE)
-        view = memoryview(data)
-        while view:
-            written = ops.write(fd, view.tobytes())
-            if written <= 0:
-                raise OSError(errno.EIO, "short write")
-            view = view[written:]
-        ops.fsync(fd)
-        os.close(fd)
-        fd = None
-        ops.replace(str(temp), str(final))
-        created = False
-        fsync_dir(cdi_dir, ops)
+        write_atomic(final, data, mode=SPEC_FILE_MODE, ops=ops or OS_FILE_OPS)
     except OSError as err:
         raise CDIWriteError(final, err) from err
-    finally:
-        if fd is not None:
-            os.close(fd)
-        if created:
-            # Nothing more can be done if this fails; the name is not a spec name anyway.
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
     return final
 
 
@@ -164,7 +102,7 @@ def remove_spec(cdi_dir: Path, file_name: str, *, ops: FileOps | None = None) ->
     except OSError as err:
         raise CDIWriteError(path, err) from err
     try:
-        fsync_dir(cdi_dir, ops)
+        fsync_dir(cdi_dir, ops or OS_FILE_OPS)
     except OSError as err:
         raise CDIWriteError(path, err) from err
     return True

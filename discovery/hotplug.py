@@ -85,7 +85,11 @@ class UdevEvents:
 
 
 class NullEvents:
-    """No event source (netlink not permitted): the watcher falls back to periodic rescans."""
+    """DeviceEvents with no events: rescans come from the watcher's periodic timer only.
+
+    For simulated hardware (no uevent describes a generated tree) and where netlink cannot be
+    opened (a sandbox without AF_NETLINK, no permission).
+    """
 
     def __init__(self, stop_event: threading.Event | None = None) -> None:
         self._stop = stop_event or threading.Event()
@@ -96,16 +100,6 @@ class NullEvents:
 
     def close(self) -> None:
         return None
-
-
-def default_events(stop_event: threading.Event | None = None) -> DeviceEvents:
-    """UdevEvents when netlink can be opened, else NullEvents with one log line."""
-    try:
-        return UdevEvents()
-    except (OSError, ImportError) as err:
-        log.warning("no uevent source, hotplug falls back to periodic rescans",
-                    extra={"error": str(err)})
-        return NullEvents(stop_event)
 
 
 def _relevant(event: DeviceEvent) -> bool:

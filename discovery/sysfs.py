@@ -204,9 +204,6 @@ class Sysfs:
                 log.info("skipping PCI device", extra={"pci": bdf, "file": str(err.path)})
         return out
 
-    def net_attr(self, iface_dir: Path, name: str) -> str | None:
-        return read_text(iface_dir / name)
-
 
 def _net_ifaces(real: str) -> Iterable[str]:
     """Netdevs of a PCI function: ``<dev>/net/*`` or, for virtio, ``<dev>/virtio*/net/*``."""

@@ -1,7 +1,7 @@
 """``dra-agent run``: the daemon (``daemon``), its options (``options``) and the composition
 root that builds its parts (``wiring``)."""
 
-from agent.daemon.daemon import Daemon, PollOnlyEvents
+from agent.daemon.daemon import Daemon
 from agent.daemon.options import DaemonError, NoAPIClaimSource, RunOptions
 
-__all__ = ["Daemon", "DaemonError", "NoAPIClaimSource", "PollOnlyEvents", "RunOptions"]
+__all__ = ["Daemon", "DaemonError", "NoAPIClaimSource", "RunOptions"]

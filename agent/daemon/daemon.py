@@ -42,23 +42,6 @@ if TYPE_CHECKING:  # the plugin's modules are imported when it starts, not with 
 log = logging.getLogger("agent.daemon")
 
 
-class PollOnlyEvents:
-    """DeviceEvents with no events: rescans come from the periodic timer only.
-
-    Used for simulated hardware (no uevents describe a generated tree) and where netlink is
-    not available (a sandbox without AF_NETLINK).
-    """
-
-    def __init__(self, stop: threading.Event) -> None:
-        self._stop = stop
-
-    def poll(self, timeout: float) -> None:
-        self._stop.wait(timeout)
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
 #: ``--simulate`` with ``--mig dynamic``: where the simulated GPUs keep their MIG instances.
 SIMULATED_MIG_STATE = "simulated-mig-instances.json"
 #: ``--simulate``: where the simulated GPUs keep the time slices shares set.
@@ -423,18 +406,18 @@ class Daemon:
             self._threads["simulated-faults"] = thread
 
     def _start_hotplug(self, sources: Any, options: Any, inventory: Inventory) -> None:
-        from discovery.hotplug import HotplugWatcher, UdevEvents
+        from discovery.hotplug import HotplugWatcher, NullEvents, UdevEvents
 
         events: Any
         if self.cfg.simulate:
-            events = PollOnlyEvents(self.stop_event)
+            events = NullEvents(self.stop_event)
         else:
             try:
                 events = UdevEvents()
             except OSError as err:
                 log.warning("udev events unavailable; hotplug falls back to periodic rescans",
                             extra={"error": str(err), "every_s": self.options.slow_rescan_s})
-                events = PollOnlyEvents(self.stop_event)
+                events = NullEvents(self.stop_event)
         watcher = HotplugWatcher(
             sources, options, self._publish, events,
             debounce_s=self.options.hotplug_debounce_s,

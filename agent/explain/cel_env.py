@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -306,10 +305,6 @@ class CelEnv:
 def _hashable(attr: tuple[str, Any]) -> tuple[str, Any]:
     kind, value = attr
     return (kind, tuple(value)) if isinstance(value, list) else (kind, value)
-
-
-def compile_all(env: CelEnv, selectors: Iterable[Selector]) -> list[CompiledSelector]:
-    return [env.compile(s) for s in selectors]
 
 
 def _split(name: str, driver: str) -> tuple[str, str]:

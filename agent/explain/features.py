@@ -8,7 +8,7 @@ which devices a claim gets. DeviceBindingAndStatus is on only when both of its g
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from agent.explain.docs import InputError
 
@@ -188,7 +188,3 @@ def parse_gates(text: str, version: str = MODELLED_KUBERNETES) -> Features:
                              f"{str(getattr(base, attr)).lower()} in Kubernetes {version}")
         changes[attr] = on
     return replace(base, **changes)
-
-
-def field_names() -> tuple[str, ...]:
-    return tuple(f.name for f in fields(Features))

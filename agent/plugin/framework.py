@@ -13,9 +13,7 @@ a crash test kills the agent at.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,6 +32,7 @@ from agent.claim.model import (
 )
 from agent.claim.status import ClaimStatusWriter
 from agent.common.failpoints import Failpoints, Point, hit
+from agent.common.filelock import held
 from agent.common.metrics import Metrics
 from agent.plugin.apiclaims import APIClaimSource
 from agent.plugin.driver import ClaimSource, ClaimStatusReporter, Preparer
@@ -149,14 +148,8 @@ class PluginFramework:
         if self._serialize_lock is None:
             yield
             return
-        # Never through a symlink: O_CREAT would create its target wherever it points.
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-        fd = os.open(self._serialize_lock, flags, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with held(self._serialize_lock):
             yield
-        finally:
-            os.close(fd)
 
     @contextlib.contextmanager
     def _claim_lock(self, uid: str) -> Iterator[None]:

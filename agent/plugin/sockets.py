@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
-import fcntl
 import hashlib
 import os
 import secrets
@@ -25,6 +24,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
+
+from agent.common.filelock import lock, open_lock
 
 #: AF_UNIX ``sun_path`` holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
@@ -164,9 +165,7 @@ class InstanceLock:
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = self._open()
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not lock(fd, wait_s=0):
             holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise AlreadyRunningError(
@@ -182,9 +181,8 @@ class InstanceLock:
             mode = os.lstat(self.path).st_mode
             if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
                 self._refuse("is not a regular file")
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            fd = os.open(self.path, flags, 0o600)
+            fd = open_lock(self.path)
         except OSError as err:
             if err.errno == errno.ELOOP:
                 self._refuse("is a symbolic link")

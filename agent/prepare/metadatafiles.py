@@ -3,7 +3,8 @@
 They live in the plugin directory, which whoever can write it may fill with anything, so no
 path is ever followed: each directory below the plugin directory is opened ``O_NOFOLLOW``
 relative to its parent's descriptor (a symlink or a file where a directory should be is an
-error naming it, never a write somewhere else), the temp file gets a random name and
+error naming it, never a write somewhere else), and each file is written relative to its
+directory's descriptor by ``cdi.atomicfile.write_atomic``: the temp file gets a random name and
 ``O_EXCL|O_NOFOLLOW``, and ``rename`` replaces whatever sits at the file's name (a symlink, a
 FIFO) without opening it. Each write is temp file then rename: the container's bind mount
 source is the old file or the complete new one.
@@ -23,19 +24,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from agent.common.k8snames import dns_label_problem, dns_subdomain_problem
 from agent.prepare.metadata import HOST_FILE, MetadataFile
+from cdi.atomicfile import TEMP_SUFFIX, AtomicWriteError, write_atomic
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: ``write_atomic``'s temp names for ``HOST_FILE``, which removal sweeps up after a crash.
 _TEMP_PREFIX = f".{HOST_FILE}."
-_TEMP_SUFFIX = ".tmp"
+_TEMP_SUFFIX = TEMP_SUFFIX
 
 
 class MetadataFileError(OSError):
@@ -89,24 +91,11 @@ class HostMetadataFiles:
             os.close(fd)
 
     def _write_at(self, dir_fd: int, name: str, data: bytes, path: Path) -> None:
-        temp = f"{_TEMP_PREFIX}{secrets.token_hex(8)}{_TEMP_SUFFIX}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = os.open(temp, flags, FILE_MODE, dir_fd=dir_fd)
-        except OSError as err:
-            raise MetadataFileError(path, _why(path.parent, err)) from err
-        try:
-            try:
-                os.fchmod(fd, FILE_MODE)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
-            os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except OSError as err:
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=dir_fd)
+            write_atomic(name, data, mode=FILE_MODE, durable=False, dir_fd=dir_fd)
+        except AtomicWriteError as err:
+            if err.step == "create":  # the directory refused a new file
+                raise MetadataFileError(path, _why(path.parent, err)) from err
             raise MetadataFileError(path, _why(path, err, dir_fd)) from err
 
     def _open_dirs(self, parts: Sequence[str], *, create: bool, target: Path) -> int:

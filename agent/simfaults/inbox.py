@@ -8,17 +8,16 @@ one warning line and is moved aside to ``.rejected/`` with its reason beside it 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import shutil
 import stat
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent.common import filelock
 from agent.common.safefile import UnsafeFileError, read_capped
 from agent.simfaults.layout import REASON_SUFFIX, REJECTED_SUBDIR, agent_lock_path, inbox_lock
 from agent.simfaults.plan import plan_fault
@@ -95,8 +94,7 @@ class FaultInbox:
         lock = agent_lock_path(self.directory)
         try:
             lock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                         | os.O_CLOEXEC, 0o600)
+            fd = filelock.open_lock(lock)
         except OSError as err:
             log.warning("simulated faults unavailable: cannot open the agent's lock",
                         extra={"lock": str(lock), "error": err.strerror or str(err)})
@@ -115,16 +113,10 @@ class FaultInbox:
 
     def _share(self, fd: int, wait_s: float = 2.0) -> bool:
         """A shared flock on ``fd``, waiting out a writer's probe (``agent_problem``)."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() >= deadline or self._stop.wait(0.01):
-                    return False
-            except OSError:
-                return False
+        try:
+            return filelock.lock(fd, shared=True, wait_s=wait_s, stop=self._stop)
+        except OSError:
+            return False
 
     def run(self, lock_fd: int | None = None) -> None:
         """Poll until stopped, holding ``lock_fd`` (closed at the end). Never ends otherwise:

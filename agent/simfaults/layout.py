@@ -8,11 +8,11 @@ each poll of an agent and by a writer withdrawing a request.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from agent.common import filelock
 
 __all__ = [
     "AGENT_LOCK_SUFFIX",
@@ -44,22 +44,11 @@ def inbox_lock(inbox: Path, wait_s: float = 0.0) -> Iterator[bool]:
     """Hold the inbox's flock while the block runs; yields whether it was had within
     ``wait_s`` (False too when the lock file cannot be opened: a symlink, no permission)."""
     try:
-        fd = os.open(inbox / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        fd = filelock.open_lock(inbox / LOCK_NAME)
     except OSError:
         yield False
         return
     try:
-        deadline = time.monotonic() + wait_s
-        locked = False
-        while not locked:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                locked = True
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(0.01)
-        yield locked
+        yield filelock.lock(fd, wait_s=wait_s)
     finally:
         os.close(fd)  # releases the lock

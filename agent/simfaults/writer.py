@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import secrets
 import stat
@@ -16,6 +15,7 @@ import time
 from enum import StrEnum
 from pathlib import Path
 
+from agent.common import filelock
 from agent.common.safefile import UnsafeFileError, read_capped
 from agent.simfaults.layout import REASON_SUFFIX, REJECTED_SUBDIR, agent_lock_path, inbox_lock
 from agent.simfaults.request import MAX_REQUEST_BYTES, FaultRequest, printable
@@ -29,7 +29,7 @@ def agent_problem(inbox: Path) -> str | None:
     runs, and an agent starting meanwhile waits the moment out."""
     lock = agent_lock_path(inbox)
     try:
-        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = filelock.open_lock(lock, create=False)
     except FileNotFoundError:
         return f"{lock} does not exist: no 'dra-agent run --simulate' ran here"
     except OSError as err:
@@ -37,9 +37,7 @@ def agent_problem(inbox: Path) -> str | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return f"{lock} is not a regular file"
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not filelock.lock(fd, wait_s=0):
             return None  # held: an agent runs
         return f"no running agent holds {lock}: the 'dra-agent run --simulate' here stopped"
     finally:

@@ -24,7 +24,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agent.checkpoint.store import durable_write
 from agent.claim.model import ClaimRef
 from agent.common.metrics import Metrics
 from agent.daemon.wiring import plugin_server
@@ -32,6 +31,7 @@ from agent.plugin import PluginOptions, PluginServer
 from agent.plugin.apiclaims import APIClaimSource
 from agent.prepare import EnvOnlyEdits
 from agent.prepare.options import PrepareOptions
+from cdi.atomicfile import write_atomic
 from discovery.model import Device, DeviceType, HostInfo, Inventory
 from hack.benches import Figure, percentile
 
@@ -133,8 +133,8 @@ def _floor_step(srv: Any, api: Any, root: Path) -> Callable[[], object]:
 
     def once() -> None:
         source.get(ref)
-        durable_write(floor_dir / "spec.json", spec)
-        durable_write(floor_dir / "checkpoint.json", state)
+        write_atomic(floor_dir / "spec.json", spec, exact_mode=False)
+        write_atomic(floor_dir / "checkpoint.json", state, exact_mode=False)
 
     return once
 

@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from cdi.annotations import ANNOTATION_PREFIX, annotations_for, parse_annotations
+from cdi.atomicfile import OsFileOps
 from cdi.errors import CDIError, CDINameError, CDISpecError, CDIWriteError
-from cdi.files import OsFileOps, claim_spec_file_name, read_spec, remove_spec, write_spec
+from cdi.files import claim_spec_file_name, read_spec, remove_spec, write_spec
 from cdi.spec import CDIDevice, ContainerEdits, DeviceNode, Spec
 from tests.cdi.conftest import Checker
 
@@ -91,12 +92,13 @@ class FailingOps(OsFileOps):
         if step == self.step:
             raise OSError(self.error, os.strerror(self.error))
 
-    def open(self, path: str, flags: int, mode: int) -> int:
+    def open(self, path: str, flags: int, mode: int = 0o777, *,
+             dir_fd: int | None = None) -> int:
         if not flags & os.O_DIRECTORY:
             self._maybe_fail("open")
-        return super().open(path, flags, mode)
+        return super().open(path, flags, mode, dir_fd=dir_fd)
 
-    def write(self, fd: int, data: bytes) -> int:
+    def write(self, fd: int, data: bytes | memoryview) -> int:
         self._maybe_fail("write")
         return super().write(fd, data[: max(1, len(data) // 3)])  # short writes are normal
 
@@ -104,9 +106,10 @@ class FailingOps(OsFileOps):
         self._maybe_fail("fsync")
         super().fsync(fd)
 
-    def replace(self, src: str, dst: str) -> None:
+    def replace(self, src: str, dst: str, *, src_dir_fd: int | None = None,
+                dst_dir_fd: int | None = None) -> None:
         self._maybe_fail("replace")
-        super().replace(src, dst)
+        super().replace(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
 
 
 @pytest.mark.parametrize("step", ["open", "write", "fsync", "replace"])

@@ -154,6 +154,19 @@ def test_without_uevents_the_watcher_still_rescans_periodically(sriov: Sources) 
     assert not thread.is_alive()
 
 
+def test_null_events_wait_out_the_timeout_or_the_stop_and_report_nothing() -> None:
+    stop = threading.Event()
+    events = NullEvents(stop)
+    start = time.monotonic()
+    assert events.poll(0.05) is None
+    assert time.monotonic() - start >= 0.05
+    threading.Timer(0.05, stop.set).start()
+    start = time.monotonic()
+    assert events.poll(30) is None  # the stop ends the wait
+    assert time.monotonic() - start < 10
+    events.close()
+
+
 # -- the NVML fake's hooks ------------------------------------------------------------------
 
 
