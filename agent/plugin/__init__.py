@@ -19,7 +19,7 @@ import time
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agent.common.failpoints import Failpoints
 from agent.common.metrics import Metrics
@@ -39,7 +39,9 @@ from agent.plugin.sockets import (
     socket_paths,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # grpc is imported when the plugin serves, not with the daemon
+    import grpc
+
     from agent.health.stream import HealthServicer
 
 __all__ = [
@@ -105,7 +107,7 @@ class PluginServer:
             timeout_s=options.registration_timeout_s,
         )
         self._lock = InstanceLock(self.paths.instance_lock)
-        self._dra: Any = None
+        self._dra: grpc.Server | None = None
         #: Open response streams (the kubelet's health stream), at most MAX_STREAMS.
         self.streams = StreamSlots(MAX_STREAMS)
 

@@ -86,7 +86,7 @@ class RegistrationServer:
         self._status: RegistrationStatus | None = None
         #: Counts the sockets listened on; a notice from a replaced one is not about this one.
         self._generation = 0
-        self._server: Any = None
+        self._server: grpc.Server | None = None
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
