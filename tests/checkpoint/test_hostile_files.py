@@ -21,14 +21,8 @@ import click.testing
 import pytest
 
 import agent.daemon
-from agent.checkpoint.model import (
-    CheckpointData,
-    ClaimRecord,
-    ClaimState,
-    PreparedDevice,
-    checksum,
-    encode,
-)
+from agent.checkpoint.codec import checksum, encode
+from agent.checkpoint.model import CheckpointData, ClaimRecord, ClaimState, PreparedDevice
 from agent.checkpoint.store import (
     MAX_CHECKPOINT_BYTES,
     CheckpointStore,

@@ -36,17 +36,8 @@ from typing import Any
 
 import yaml
 
-from agent.checkpoint.model import (
-    CheckpointCorruptError,
-    CheckpointData,
-    ClaimRecord,
-    ClaimState,
-    PreparedDevice,
-    checksum,
-    decode,
-    encode,
-    salvage,
-)
+from agent.checkpoint.codec import CheckpointCorruptError, checksum, decode, encode, salvage
+from agent.checkpoint.model import CheckpointData, ClaimRecord, ClaimState, PreparedDevice
 from agent.claim.model import ClaimError, ClaimRef, parse_claim, uid_problem
 from agent.claim.opaque import ConfigDecodeError, env_denied, merge_configs
 from agent.kube.credentials import CredentialsError

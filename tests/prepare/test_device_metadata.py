@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from agent.checkpoint.model import ClaimState, decode, encode
+from agent.checkpoint.codec import decode, encode
+from agent.checkpoint.model import ClaimState
 from agent.claim.model import POD_CLAIM_NAME_ANNOTATION
 from discovery.model import PCI_BUS_ID, Version
 from tests.plugnode import DRIVER, Node, gpu, make_claim, nic

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.checkpoint.model import ClaimState, decode
+from agent.checkpoint.codec import decode
+from agent.checkpoint.model import ClaimState
 from agent.checkpoint.store import CheckpointStore
 from agent.claim.model import parse_claim
 from agent.common.failpoints import (
