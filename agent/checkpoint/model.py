@@ -36,7 +36,7 @@ from agent.checkpoint.fields import (
     read_str,
     read_str_tuple,
 )
-from agent.claim.model import name_problem, uid_problem
+from agent.claim.identity import name_problem, uid_problem
 from agent.common.k8snames import dns_label_problem
 
 SCHEMA_VERSION = 1

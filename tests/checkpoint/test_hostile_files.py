@@ -29,7 +29,8 @@ from agent.checkpoint.store import (
     CheckpointWriteError,
     read_boot_id,
 )
-from agent.claim.model import ClaimError, ClaimRef, parse_claim
+from agent.claim.model import ClaimError, ClaimRef
+from agent.claim.parse import parse_claim
 from agent.prepare.cdispecs import MAX_SPEC_BYTES, CDIClaimSpecs, EnvOnlyEdits
 from tests.plugnode import DRIVER, Node, make_claim
 
