@@ -1,3 +1,4 @@
 """The checkpoint: what this node has prepared, durable across kill -9 and reboots. ``model``
-is the format (records per claim UID, their validation and encoding); ``store`` keeps it on
-disk (locks, atomic writes, corrupt files set aside)."""
+holds the records per claim UID (each with its JSON and its validation, the typed field
+readers in ``fields``); ``codec`` is the file's format (schema version, checksum, salvage of a
+corrupt file); ``store`` keeps it on disk (locks, atomic writes, corrupt files set aside)."""

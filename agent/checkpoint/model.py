@@ -1,25 +1,14 @@
-"""The checkpoint: what this node has prepared, per claim UID, durable across restarts.
+"""The checkpoint's records: what this node has prepared, per claim UID, durable across restarts.
 
-File format (JSON, one object)::
-
-    {
-      "schemaVersion": 1,
-      "claims": {"<claim uid>": {<record>}, ...},
-      "checksum": "sha256:<hex>"
-    }
+Each record type reads and writes its own JSON (``to_json``/``from_json``, refusing a wrong
+value with a ``ValueError`` that names it); the file around the records (schema version,
+checksum, corruption) is ``agent.checkpoint.codec``, the readers of single typed fields are
+``agent.checkpoint.fields``, and file I/O and locking are ``agent.checkpoint.store``.
 
 Decisions, each answering a bug an existing driver shipped:
 
-* **Checksum over the raw document.** The checksum is the SHA-256 of the canonical JSON
-  (sorted keys, no whitespace) of the whole document *as read*, minus the ``checksum`` key.
-  A reader never recomputes it from its own typed model, so fields added by a newer version
-  (or unknown to this one) never break it: they are part of what was hashed and part of what
-  is hashed again on rewrite, because unknown fields are kept.
 * **Unknown fields preserved.** Every record and device keeps the keys this version does not
   know in ``extra`` and writes them back unchanged; top-level unknown keys are kept too.
-* **Versions are additive.** A newer ``schemaVersion`` may only add optional fields; such a
-  file is read, and rewritten with its own (higher) version number and all its fields. An
-  incompatible format would use a different file name, so an old agent never misreads it.
 * **Two-phase records** (``PrepareStarted`` then ``PrepareCompleted``) and the boot ID under
   which each record's CDI spec was written, so a reboot (tmpfs CDI dir) is told from a restart.
 * **Host side effects are named before they happen.** A device's ``migPartition`` (parent
@@ -27,37 +16,30 @@ Decisions, each answering a bug an existing driver shipped:
   durable before the instance is created; ``vfRestoreDriver`` is the driver a VF goes back to
   and ``vfMacReset`` the PF and index whose MAC unprepare unsets (``agent.prepare.vfs``).
   They ride in the device's extra fields, so older readers keep them.
-* **Whatever cannot be trusted is corruption.** Too deep to parse, not UTF-8, a lone UTF-16
-  surrogate (``\\ud800`` parses, but can never be written back), a claim UID or name that the
-  kubelet-facing path would refuse (a NUL in a UID would otherwise reach a path at start-up):
-  each is a ``CheckpointCorruptError``, never another exception that stops the agent.
-
-File I/O, locking and corruption handling live in ``agent.checkpoint.store``.
+* **A record the kubelet-facing path would refuse is refused here.** A claim UID or name that
+  no request could carry (a NUL in a UID would otherwise reach a path at start-up), a
+  ``specPath`` with a NUL, metadata names that are not DNS labels.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from agent.claim.model import name_problem, uid_problem
+from agent.checkpoint.fields import (
+    read_bool,
+    read_mapping,
+    read_opt_str,
+    read_quantities,
+    read_str,
+    read_str_tuple,
+)
+from agent.claim.identity import name_problem, uid_problem
 from agent.common.k8snames import dns_label_problem
-from agent.common.quantity import is_quantity
 
 SCHEMA_VERSION = 1
-
-
-class CheckpointCorruptError(Exception):
-    """The checkpoint file cannot be trusted (unparsable, bad checksum, wrong shape)."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"checkpoint {path} is corrupt: {reason}")
-        self.path = path
-        self.reason = reason
 
 
 class ClaimState(StrEnum):
@@ -115,23 +97,23 @@ class PreparedDevice:
 
     @classmethod
     def from_json(cls, data: Any) -> PreparedDevice:
-        obj = _mapping(data, "device")
+        obj = read_mapping(data, "device")
         known = {
             "pool", "device", "requests", "cdiDeviceIDs", "shareID", "adminAccess", "uuid",
             "ifName", "pciAddress", "consumedCapacity", "timeSlice",
         }
         return cls(
-            pool=_str(obj, "pool"),
-            device=_str(obj, "device"),
-            requests=_str_tuple(obj, "requests"),
-            cdi_ids=_str_tuple(obj, "cdiDeviceIDs"),
-            share_id=_opt_str(obj, "shareID"),
-            admin_access=_bool(obj, "adminAccess"),
-            uuid=_opt_str(obj, "uuid"),
-            if_name=_opt_str(obj, "ifName"),
-            pci_address=_opt_str(obj, "pciAddress"),
-            consumed=_quantities(obj, "consumedCapacity"),
-            time_slice=_opt_str(obj, "timeSlice"),
+            pool=read_str(obj, "pool"),
+            device=read_str(obj, "device"),
+            requests=read_str_tuple(obj, "requests"),
+            cdi_ids=read_str_tuple(obj, "cdiDeviceIDs"),
+            share_id=read_opt_str(obj, "shareID"),
+            admin_access=read_bool(obj, "adminAccess"),
+            uuid=read_opt_str(obj, "uuid"),
+            if_name=read_opt_str(obj, "ifName"),
+            pci_address=read_opt_str(obj, "pciAddress"),
+            consumed=read_quantities(obj, "consumedCapacity"),
+            time_slice=read_opt_str(obj, "timeSlice"),
             extra={k: v for k, v in obj.items() if k not in known},
         )
 
@@ -158,9 +140,9 @@ class MetadataRecord:
 
     @classmethod
     def from_json(cls, data: Any, uid: str) -> MetadataRecord:
-        obj = _mapping(data, f"claim {uid} deviceMetadata")
-        requests = _str_tuple(obj, "requests")
-        pod_claim_name = _opt_str(obj, "podClaimName")
+        obj = read_mapping(data, f"claim {uid} deviceMetadata")
+        requests = read_str_tuple(obj, "requests")
+        pod_claim_name = read_opt_str(obj, "podClaimName")
         for name in (*requests, *([pod_claim_name] if pod_claim_name else [])):
             if (why := dns_label_problem(name)) is not None:
                 raise ValueError(f"claim {uid}: deviceMetadata name {name!a} {why}")
@@ -226,12 +208,12 @@ class ClaimRecord:
 
     @classmethod
     def from_json(cls, uid: str, data: Any) -> ClaimRecord:
-        obj = _mapping(data, f"claim {uid}")
+        obj = read_mapping(data, f"claim {uid}")
         known = {
             "uid", "namespace", "name", "state", "devices", "cdiAnnotations", "specPath",
             "bootID", "updated", "recovered", "allocation", "deviceMetadata",
         }
-        state_text = _str(obj, "state")
+        state_text = read_str(obj, "state")
         try:
             state = ClaimState(state_text)
         except ValueError as err:
@@ -243,19 +225,19 @@ class ClaimRecord:
         devices = obj.get("devices", [])
         if not isinstance(devices, list):
             raise ValueError(f"claim {uid}: devices must be a list")
-        annotations = _mapping(obj.get("cdiAnnotations", {}), f"claim {uid} cdiAnnotations")
+        annotations = read_mapping(obj.get("cdiAnnotations", {}), f"claim {uid} cdiAnnotations")
         allocation = obj.get("allocation")
         if allocation is not None:
-            allocation = _mapping(allocation, f"claim {uid} allocation")
-        namespace, name = _str(obj, "namespace"), _str(obj, "name")
-        recovered = _bool(obj, "recovered")
+            allocation = read_mapping(allocation, f"claim {uid} allocation")
+        namespace, name = read_str(obj, "namespace"), read_str(obj, "name")
+        recovered = read_bool(obj, "recovered")
         # A record adopted from a CDI spec (recovered) knows no namespace or name; any other
         # must name a claim the kubelet could have sent, as ``check_uid`` demands of requests.
         if not (recovered and namespace == name == "") and (
             why := name_problem(namespace, name)
         ) is not None:
             raise ValueError(f"claim {uid}: {why}")
-        spec_path = _opt_str(obj, "specPath") or ""
+        spec_path = read_opt_str(obj, "specPath") or ""
         if "\0" in spec_path:
             raise ValueError(f"claim {uid}: specPath holds a NUL byte")
         return cls(
@@ -266,8 +248,8 @@ class ClaimRecord:
             devices=tuple(PreparedDevice.from_json(d) for d in devices),
             cdi_annotations={str(k): str(v) for k, v in annotations.items()},
             spec_path=spec_path,
-            boot_id=_opt_str(obj, "bootID") or "",
-            updated=_opt_str(obj, "updated") or "",
+            boot_id=read_opt_str(obj, "bootID") or "",
+            updated=read_opt_str(obj, "updated") or "",
             recovered=recovered,
             allocation=allocation,
             metadata=None if obj.get("deviceMetadata") is None
@@ -301,139 +283,3 @@ def holders(
             if (held.pool, held.device) == (pool, device):
                 yield record, held
 
-
-def checksum(document: Mapping[str, Any]) -> str:
-    """SHA-256 of the canonical JSON of ``document`` without its ``checksum`` key."""
-    body = {k: v for k, v in document.items() if k != "checksum"}
-    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
-
-
-def encode(data: CheckpointData) -> bytes:
-    """The file's bytes. Raises ``UnicodeEncodeError`` for a string that is not valid Unicode
-    (a lone surrogate) and ``ValueError``/``TypeError`` for a value JSON cannot hold."""
-    doc: dict[str, Any] = dict(data.extra)
-    doc["schemaVersion"] = max(data.schema_version, SCHEMA_VERSION)
-    doc["claims"] = {uid: data.claims[uid].to_json() for uid in sorted(data.claims)}
-    doc["checksum"] = checksum(doc)
-    # Compact on purpose: ``indent`` makes the json module fall back to its pure-Python encoder,
-    # which was a tenth of a prepare's time and grows with every prepared claim. Operators read
-    # the file through ``dra-agent claims``.
-    return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
-
-
-def decode(raw: bytes, path: str = "checkpoint") -> CheckpointData:
-    """Parse and verify a checkpoint; anything untrustworthy raises CheckpointCorruptError."""
-    doc = _loads(raw, path)
-    if not isinstance(doc, dict):
-        raise CheckpointCorruptError(path, "top level is not an object")
-    stored = doc.get("checksum")
-    try:
-        # Hashing encodes every string of the document: a lone surrogate fails here, once.
-        expected = checksum(doc)
-    except (UnicodeEncodeError, RecursionError) as err:
-        raise CheckpointCorruptError(path, f"cannot be written back: {_short(err)}") from err
-    if stored != expected:
-        raise CheckpointCorruptError(path, f"checksum mismatch (stored {stored!a})")
-    version = doc.get("schemaVersion")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise CheckpointCorruptError(path, f"bad schemaVersion {version!r}")
-    claims = doc.get("claims")
-    if not isinstance(claims, dict):
-        raise CheckpointCorruptError(path, "claims is not an object")
-    try:
-        records = {str(uid): ClaimRecord.from_json(str(uid), rec) for uid, rec in claims.items()}
-    except ValueError as err:
-        raise CheckpointCorruptError(path, str(err)) from err
-    extra = {k: v for k, v in doc.items() if k not in ("schemaVersion", "claims", "checksum")}
-    return CheckpointData(claims=records, schema_version=version, extra=extra)
-
-
-def salvage(raw: bytes) -> dict[str, ClaimRecord]:
-    """Best effort: the records of a corrupt file that still parse on their own.
-
-    Used only to keep devices of surviving records marked as taken; a salvaged record is never
-    trusted as proof that a claim is prepared (its spec is rewritten on the next prepare).
-    """
-    try:
-        doc = _loads(raw, "checkpoint")
-    except CheckpointCorruptError:
-        return {}
-    claims = doc.get("claims") if isinstance(doc, dict) else None
-    if not isinstance(claims, dict):
-        return {}
-    out: dict[str, ClaimRecord] = {}
-    for uid, rec in claims.items():
-        try:
-            record = replace(ClaimRecord.from_json(str(uid), rec), recovered=True)
-            # Kept only if it can be written back: one bad string must not make every later
-            # write of the checkpoint fail.
-            json.dumps(record.to_json(), ensure_ascii=False).encode()
-        except (ValueError, TypeError, RecursionError):  # UnicodeEncodeError is a ValueError
-            continue
-        out[str(uid)] = record
-    return out
-
-
-def _loads(raw: bytes, path: str) -> Any:
-    """JSON from bytes; everything the parser can raise on hostile input is corruption."""
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointCorruptError(path, f"not JSON: {_short(err)}") from err
-    except RecursionError as err:  # e.g. 200,000 nested arrays
-        raise CheckpointCorruptError(path, "nested too deeply to parse") from err
-
-
-def _short(err: Exception) -> str:
-    """An error's text, safe for a one-line log: ASCII only, at most 200 characters."""
-    return ascii(str(err))[1:-1][:200]
-
-
-def _bool(obj: Mapping[str, Any], key: str) -> bool:
-    """A JSON boolean, absent meaning false. Anything else is corruption: ``bool("false")``
-    is True, and a record that claims admin access it never had could take a held device."""
-    value = obj.get(key, False)
-    if not isinstance(value, bool):
-        raise ValueError(f"{key} must be true or false, not {value!r}")
-    return value
-
-
-def _mapping(value: Any, what: str) -> Mapping[str, Any]:
-    if not isinstance(value, dict):
-        raise ValueError(f"{what}: expected an object, got {type(value).__name__}")
-    return value
-
-
-def _str(obj: Mapping[str, Any], key: str) -> str:
-    value = obj.get(key)
-    if not isinstance(value, str):
-        raise ValueError(f"field {key!r}: expected a string, got {value!r}")
-    return value
-
-
-def _opt_str(obj: Mapping[str, Any], key: str) -> str | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ValueError(f"field {key!r}: expected a string, got {value!r}")
-    return value
-
-
-def _quantities(obj: Mapping[str, Any], key: str) -> dict[str, str]:
-    """A map of capacity names to quantity strings; anything else is corruption (a sum
-    over garbage could let a share through that does not fit)."""
-    value = obj.get(key, {})
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and is_quantity(v) for k, v in value.items()
-    ):
-        raise ValueError(f"field {key!r}: expected an object of quantities")
-    return dict(value)
-
-
-def _str_tuple(obj: Mapping[str, Any], key: str) -> tuple[str, ...]:
-    value = obj.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"field {key!r}: expected a list of strings")
-    return tuple(value)

@@ -38,14 +38,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from agent.checkpoint.model import (
-    CheckpointCorruptError,
-    CheckpointData,
-    ClaimRecord,
-    decode,
-    encode,
-    salvage,
-)
+from agent.checkpoint.codec import CheckpointCorruptError, decode, encode, salvage
+from agent.checkpoint.model import CheckpointData, ClaimRecord
 from agent.common.filelock import lock, open_lock, unlock
 from agent.common.metrics import Metrics
 from agent.common.safefile import UnsafeFileError, read_capped

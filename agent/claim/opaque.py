@@ -45,7 +45,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.claim.model import encodes
+from agent.claim.writable import encodes
 
 GROUP = "dra-agent.io"
 KIND = "DeviceConfig"

@@ -12,7 +12,8 @@ from typing import Any
 
 import click
 
-from agent.checkpoint.model import CheckpointCorruptError, ClaimRecord, PreparedDevice, decode
+from agent.checkpoint.codec import CheckpointCorruptError, decode
+from agent.checkpoint.model import ClaimRecord, PreparedDevice
 from agent.checkpoint.store import MAX_CHECKPOINT_BYTES
 from agent.common.config import pop_config, shared_options
 from agent.common.metrics import label_value

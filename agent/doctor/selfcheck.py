@@ -20,7 +20,7 @@ HEALTH_TIMEOUT_S = 1.0
 
 def _records(ctx: Context) -> tuple[dict[str, object] | None, str]:
     """(records by claim UID, "") or (None, why); ({}, "") when there is no checkpoint yet."""
-    from agent.checkpoint.model import CheckpointCorruptError, decode
+    from agent.checkpoint.codec import CheckpointCorruptError, decode
     from agent.checkpoint.store import MAX_CHECKPOINT_BYTES
 
     path = f"{ctx.options.plugin_dir}/checkpoint.json"

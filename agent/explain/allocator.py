@@ -6,6 +6,9 @@ then position in the slice; depth-first with backtracking; the first complete so
 Within one request only combinations are tried (never permutations), so the devices of a
 request come out in search order. Differences: counters taken for a device that is then refused
 (taint, constraint) are given back, and distinctAttribute compares with every chosen device.
+
+The search's data model is in ``agent.explain.candidates``; the checks of one request against
+one device that need no search state (capacity, taints) are in ``agent.explain.matching``.
 """
 
 from __future__ import annotations
@@ -14,24 +17,23 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
-from agent.explain.cel_env import CelEnv, CompiledSelector
+from agent.explain.candidates import Entry, ReqData, Result
+from agent.explain.cel_env import CelEnv
 from agent.explain.cel_lib import SelectorRuntimeError
 from agent.explain.constraints import Tracker
-from agent.explain.devices import Capacity, Device
+from agent.explain.devices import Device
 from agent.explain.features import Release
-from agent.explain.model import MAX_RESULTS, Claim, DeviceClass, DeviceID, Request
+from agent.explain.matching import capacity_check, consumed_capacity, taint_reason
+from agent.explain.model import MAX_RESULTS, Claim, DeviceID
 from agent.explain.pools import AllocatedState, Node, PoolView, available_counters, node_matches
 from agent.explain.reasons import (
     ALLOCATED,
-    CAPACITY,
     COUNTERS,
     IN_CLAIM,
     NODE,
     SELECTOR,
     SELECTOR_ERROR,
-    TAINT,
     Reason,
 )
 from agent.explain.values import format_quantity
@@ -63,108 +65,6 @@ class SearchAbortedError(Exception):
         self.key = key
         self.device = device
         self.reason = reason
-
-
-@dataclass(slots=True)
-class Entry:
-    """A device of a usable pool, at its place in search order."""
-
-    index: int
-    device: Device
-    pool: PoolView
-    slice_node_name: str
-    slice_node_selector: Any
-    per_device: bool
-    #: Consumes counters while DRAPartitionableDevices is off: selectable, so it counts for an
-    #: ``All`` request, but never allocated (upstream's allocateDevice refuses it).
-    counters_off: bool = False
-
-
-@dataclass(slots=True)
-class ReqData:
-    key: tuple[int, int]  # (request index, alternative index)
-    req: Request
-    cls: DeviceClass
-    class_selectors: list[CompiledSelector]
-    selectors: list[CompiledSelector]
-    num: int = 0
-    all_devices: list[Entry] | None = None
-
-
-@dataclass(slots=True)
-class Result:
-    req: Request
-    entry: Entry
-    share_id: str | None = None
-    consumed: dict[str, Fraction] | None = None
-
-
-def consumed_capacity(req: Request, cap: Capacity, name: str) -> Fraction:
-    """What one allocation takes of one capacity: the request rounded up by the policy."""
-    asked = (req.capacity or {}).get(name)
-    if asked is None:
-        return cap.default if cap.default is not None else cap.value
-    if not cap.has_policy:
-        return asked
-    if cap.range_min is not None:
-        if asked < cap.range_min:
-            return cap.range_min
-        if cap.range_step is None:
-            return asked
-        steps = -((cap.range_min - asked) // cap.range_step)  # ceil
-        return cap.range_min + cap.range_step * steps
-    for v in cap.valid_values:
-        if asked <= v:
-            return v
-    return asked
-
-
-def _violates(value: Fraction, cap: Capacity) -> bool:
-    if not cap.has_policy or (cap.default is not None and value == cap.default):
-        return False
-    if cap.range_min is not None:
-        if cap.range_max is not None and value > cap.range_max:
-            return True
-        step = cap.range_step
-        return step is not None and (value - cap.range_min) % step != 0
-    if cap.valid_values:
-        return value not in cap.valid_values
-    return False
-
-
-def capacity_check(req: Request, device: Device, used: dict[str, Fraction] | None,
-                   allocating: dict[str, Fraction] | None) -> Reason | None:
-    """CmpRequestOverCapacity: None when the request fits in what is left of every capacity."""
-    if not req.capacity and not used and not allocating:
-        return None  # takes the default (at most the whole device) of an unused device
-    for name in req.capacity or {}:
-        if name not in device.capacity:
-            return Reason(CAPACITY, f"requests capacity {name}, which the device does not have",
-                          {"capacity": name})
-    for name, cap in device.capacity.items():
-        want = consumed_capacity(req, cap, name)
-        if _violates(want, cap):
-            return Reason(CAPACITY, f"{name}: {format_quantity(want)} is not allowed by the "
-                          "device's requestPolicy", {"capacity": name})
-        taken = (used or {}).get(name, Fraction(0)) + (allocating or {}).get(name, Fraction(0))
-        if taken + want > cap.value:
-            left = cap.value - taken
-            return Reason(CAPACITY, f"{name}: needs {format_quantity(want)}, "
-                          f"{format_quantity(left)} of {cap.raw} left",
-                          {"capacity": name, "needed": format_quantity(want),
-                           "left": format_quantity(left)})
-    return None
-
-
-def taint_reason(req: Request, device: Device) -> Reason | None:
-    for t in device.taints:
-        if t.effect not in ("NoSchedule", "NoExecute"):
-            continue  # None and unknown effects never block
-        if not any(tol.tolerates(t) for tol in req.tolerations):
-            shown = f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}"
-            return Reason(TAINT, f"taint {shown} not tolerated",
-                          {"key": t.key, "value": t.value, "effect": t.effect})
-    return None
 
 
 @dataclass

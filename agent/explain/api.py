@@ -1,4 +1,10 @@
-"""``explain()``: would this claim fit on this node, which devices, and why (not)."""
+"""``explain()``: would this claim fit on this node, which devices, and why (not).
+
+The orchestration: parse the input into the model, build one ``Search`` per claim of the pod
+(``agent.explain.allocator``), refuse what upstream's Allocate refuses before it searches, run
+the search, then report each device's verdict (``agent.explain.verdicts``) and, for a claim
+that fits, its allocation (``agent.explain.allocation``).
+"""
 
 from __future__ import annotations
 
@@ -7,15 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from agent.explain.allocator import (
-    FILTER_TIMEOUT_S,
-    Entry,
-    ReqData,
-    Search,
-    SearchAbortedError,
-    capacity_check,
-    taint_reason,
-)
+from agent.explain.allocation import allocation_of
+from agent.explain.allocator import FILTER_TIMEOUT_S, Search, SearchAbortedError
+from agent.explain.candidates import request_data, search_order
 from agent.explain.cel_env import CelEnv
 from agent.explain.constraints import Tracker
 from agent.explain.devices import AllocatedDevice, parse_allocated, parse_slice
@@ -29,42 +29,16 @@ from agent.explain.features import (
     release,
     resolve,
 )
-from agent.explain.model import ALL, MAX_RESULTS, Claim, DeviceClass, parse_claim, parse_class
-from agent.explain.pools import AllocatedState, Node, PoolView, gather_pools
-from agent.explain.reasons import ALLOCATED, SELECTOR_ERROR, DeviceVerdict, Reason, RequestReport
+from agent.explain.matching import capacity_check
+from agent.explain.model import ALL, MAX_RESULTS, Claim, parse_claim, parse_class
+from agent.explain.pools import AllocatedState, Node, gather_pools
 from agent.explain.result import ExplainResult, PodExplainResult, PoolReport
 from agent.explain.suggest import suggest
-from agent.explain.values import format_quantity
-
-PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+from agent.explain.verdicts import request_reports
 
 
 def _doc(obj: Mapping[str, Any] | Doc, what: str) -> Doc:
     return obj if isinstance(obj, Doc) else from_object(obj, what)
-
-
-def _entries(pools: Sequence[PoolView], features: Features) -> list[Entry]:
-    out: list[Entry] = []
-    for pool in pools:
-        if not pool.usable:
-            continue
-        for s in pool.slices:
-            for published in s.devices:
-                # Devices the allocator never selects with a gate off (isSelectable) are left
-                # out; fields it ignores are cleared. One that consumes counters with
-                # DRAPartitionableDevices off stays selectable (an All request counts it) but
-                # is never allocated (allocateDevice refuses it).
-                d = published
-                counters_off = bool(d.consumes) and not features.partitionable_devices
-                if d.binding_conditions and not features.binding_and_status:
-                    continue
-                if d.taints and not features.device_taints:
-                    d = replace(d, taints=())
-                if d.allow_multiple and not features.consumable_capacity:
-                    d = replace(d, allow_multiple=False)
-                out.append(Entry(len(out), d, pool, s.node_name, s.node_selector, s.per_device,
-                                 counters_off))
-    return out
 
 
 def _gate_errors(claim: Claim, features: Features, version: str) -> None:
@@ -86,27 +60,6 @@ def _gate_errors(claim: Claim, features: Features, version: str) -> None:
             if req.admin_access and not features.admin_access:
                 raise SearchAbortedError(f"request {req.name}: admin access is requested, but "
                                          "the DRAAdminAccess feature is disabled")
-
-
-def _location(entry: Entry) -> str:
-    found = entry.device.attribute(PCIE_ROOT)
-    return str(found[1]) if found else ""
-
-
-def _request_data(claim: Claim, classes: Mapping[str, DeviceClass], env: CelEnv
-                  ) -> dict[tuple[int, int], ReqData]:
-    data = {}
-    for ri, creq in enumerate(claim.requests):
-        for si, req in enumerate(creq.alternatives):
-            cls = classes.get(req.device_class)
-            if cls is None:
-                known = ", ".join(sorted(classes)) or "none given"
-                raise InputError(req.where, f"request {req.name}: DeviceClass "
-                                 f"{req.device_class!r} not found (known: {known}; add --class)")
-            data[(ri, si)] = ReqData(
-                (ri, si), req, cls, [env.compile(s) for s in cls.selectors],
-                [env.compile(s) for s in req.selectors], num=req.count)
-    return data
 
 
 def explain(
@@ -176,7 +129,7 @@ def explain_pod(
     # here is its informer's work, done before.
     deadline = None if timeout_s is None else (clock, clock() + timeout_s, timeout_s)
     pools = gather_pools(parsed_slices, node, partitionable=features.partitionable_devices)
-    entries = _entries(pools, features)
+    entries = search_order(pools, features)
     env = CelEnv()
     searches: list[Search] = []
     ignore_capacity = not features.consumable_capacity and not capacity_requests_refused(
@@ -184,7 +137,7 @@ def explain_pod(
     for given in parsed:
         # the allocator these gates select ignores capacity requests
         c = _without_capacity(given) if ignore_capacity else given
-        search = Search(c, node, pools, entries, _request_data(c, class_map, env), state, env,
+        search = Search(c, node, pools, entries, request_data(c, class_map, env), state, env,
                         [Tracker(k, features.list_type_attributes) for k in c.constraints])
         search.release = behaviour
         search.deadline = deadline
@@ -233,8 +186,8 @@ def explain_pod(
     results = []
     for search, error in zip(searches, errors, strict=True):
         c = search.claim
-        reports = _reports(search, fits)
-        allocation = _allocation(search, class_map) if fits else None
+        reports = request_reports(search, fits)
+        allocation = allocation_of(search, class_map) if fits else None
         suggestion = None if fits else suggest(c, reports, pool_reports, search, error)
         t_end = time.perf_counter()
         stats = {
@@ -296,152 +249,3 @@ def _prepare_all_mode(search: Search) -> None:
                               e.device.id), None) is None]
         rd.num = len(rd.all_devices)
 
-
-def _static_reason(search: Search, rd: ReqData, entry: Entry) -> Reason | None:
-    try:
-        reason = search.selectable(rd, entry)
-    except SearchAbortedError as err:
-        return err.reason
-    if reason is not None:
-        return reason
-    device = entry.device
-    holder = search.state.devices.get(device.id)
-    if holder is not None and not rd.req.admin_access:
-        return Reason(ALLOCATED, f"allocated to claim {holder}", {"claim": holder})
-    reason = capacity_check(rd.req, device, search.state.capacity.get(device.id), None)
-    if reason is None and device.consumes:
-        saved = search.consumed_counters
-        search.consumed_counters = {}
-        try:
-            reason = search.counters(entry, commit=False)
-        finally:
-            search.consumed_counters = saved
-    return reason or taint_reason(rd.req, device)
-
-
-def _final_reason(search: Search, rd: ReqData, entry: Entry) -> Reason | None:
-    """Against the solution found (not some state the search backtracked from)."""
-    reason = search.in_use(rd, entry.device.id, entry.device.allow_multiple)
-    if reason is None and entry.device.consumes:
-        reason = search.counters(entry, commit=False)
-    for t in search.trackers:
-        if reason is None:
-            reason = t.check(rd.req.base, rd.req.sub, entry.device)
-    return reason
-
-
-def _reports(search: Search, fits: bool) -> list[RequestReport]:
-    chosen: dict[tuple[int, int], list[str]] = {}
-    chosen_ids: dict[tuple[int, int], set[tuple[str, str, str]]] = {}
-    for r in search.results:
-        ri = next(i for i, cr in enumerate(search.claim.requests) if cr.name == r.req.base)
-        si = search.claim.requests[ri].alternatives.index(r.req)
-        chosen.setdefault((ri, si), []).append(r.entry.device.name)
-        chosen_ids.setdefault((ri, si), set()).add(r.entry.device.id)
-    verdicts: dict[tuple[int, int], list[DeviceVerdict]] = {k: [] for k in search.data}
-    for entry in search.entries:  # device-major: one CEL binding per device
-        d = entry.device
-        where = _location(entry)
-        for key, rd in search.data.items():
-            reason = _static_reason(search, rd, entry)
-            picked = d.id in chosen_ids.get(key, set())
-            if reason is None and not picked:
-                reason = (_final_reason(search, rd, entry) if fits
-                          else search.dynamic.get(key, {}).get(d.id))
-            verdicts[key].append(DeviceVerdict(d.driver, d.pool, d.name, picked,
-                                               None if picked else reason, where))
-    out = []
-    for (ri, si), rd in search.data.items():
-        if fits:
-            sel = search.selected.get(ri, 0)
-            status = "allocated" if si == sel else ("skipped" if si > sel else "unsatisfied")
-        else:
-            status = "unsatisfied"
-        if any(v.reason and v.reason.code == SELECTOR_ERROR for v in verdicts[(ri, si)]):
-            status = "error"
-        out.append(RequestReport(rd.req.name, rd.req.device_class, rd.req.mode, rd.num,
-                                 tuple(chosen.get((ri, si), [])), tuple(verdicts[(ri, si)]),
-                                 status))
-    return out
-
-
-def _allocation(search: Search, classes: Mapping[str, DeviceClass]) -> dict[str, Any]:
-    results = []
-    for r in search.results:
-        d = r.entry.device
-        item: dict[str, Any] = {"request": r.req.name, "driver": d.driver, "pool": d.pool,
-                                "device": d.name}
-        if r.req.admin_access:
-            item["adminAccess"] = True
-        if r.req.tolerations_raw:
-            item["tolerations"] = [dict(t) for t in r.req.tolerations_raw]
-        if d.binding_conditions:
-            item["bindingConditions"] = list(d.binding_conditions)
-            item["bindingFailureConditions"] = list(d.binding_failure_conditions)
-        if r.share_id:
-            item["shareID"] = r.share_id
-        if r.consumed:
-            item["consumedCapacity"] = {k: format_quantity(v) for k, v in r.consumed.items()}
-        results.append(item)
-    out: dict[str, Any] = {"devices": {"results": results}}
-    config = _config(search, classes)
-    if config:
-        out["devices"]["config"] = config
-    selector = _node_selector(search)
-    if selector is not None:
-        out["nodeSelector"] = selector
-    return out
-
-
-def _config(search: Search, classes: Mapping[str, DeviceClass]) -> list[dict[str, Any]]:
-    claim = search.claim
-    chosen = [creq.alternatives[search.selected.get(ri, 0)]
-              for ri, creq in enumerate(claim.requests)]
-    config: list[dict[str, Any]] = []
-    by_class: dict[str, list[dict[str, Any]]] = {}
-    for req in chosen:
-        if req.device_class in by_class:
-            for entry in by_class[req.device_class]:
-                entry["requests"].append(req.name)
-            continue
-        entries = [{"source": "FromClass", "requests": [req.name], "opaque": dict(o)}
-                   for o in classes[req.device_class].config]
-        by_class[req.device_class] = entries
-        config.extend(entries)
-    release = search.release
-    for refs, opaque in claim.config:
-        # once, or (1.35) once per chosen request or subrequest it names
-        times = 1 if not refs else sum(req.base in refs or req.name in refs for req in chosen)
-        if refs and release.claim_config_once:
-            times = min(times, 1)
-        config.extend({"source": "FromClaim", "requests": list(refs), "opaque": dict(opaque)}
-                      for _ in range(times))
-    if not release.clears_config_for_all:
-        # 1.35 keeps the names a config gave; none given stays none (omitempty on the wire).
-        for entry in config:
-            if not entry["requests"]:
-                entry.pop("requests")
-        return config
-    for entry in config:
-        refs = entry["requests"]
-        if not refs or all(req.base in refs or req.name in refs for req in chosen):
-            entry.pop("requests")  # empty means "all requests"
-    return config
-
-
-def _node_selector(search: Search) -> dict[str, Any] | None:
-    term: dict[str, list[Any]] = {"matchFields": [], "matchExpressions": []}
-    for r in search.results:
-        e = r.entry
-        name = e.device.node_name if e.per_device else e.slice_node_name
-        selector = e.device.node_selector if e.per_device else e.slice_node_selector
-        if name or e.device.binds_to_node:
-            return {"nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [search.node.name]}]}]}
-        for t in (selector or {}).get("nodeSelectorTerms", [])[:1]:
-            for kind in ("matchFields", "matchExpressions"):
-                for req in t.get(kind) or []:
-                    if req not in term[kind]:
-                        term[kind].append(req)
-    clean = {k: v for k, v in term.items() if v}
-    return {"nodeSelectorTerms": [clean]} if clean else None

@@ -22,14 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.checkpoint.model import ClaimRecord
-from agent.claim.model import (
-    Claim,
-    ClaimError,
-    ClaimNotAllocatedError,
-    ClaimRef,
-    check_uid,
-    parse_claim,
-)
+from agent.claim.identity import check_uid
+from agent.claim.model import Claim, ClaimError, ClaimNotAllocatedError, ClaimRef
+from agent.claim.parse import parse_claim
 from agent.claim.status import ClaimStatusWriter
 from agent.common.failpoints import Failpoints, Point, hit
 from agent.common.filelock import held

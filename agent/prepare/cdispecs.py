@@ -32,7 +32,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from agent.claim.model import ClaimRef, uid_problem
+from agent.claim.identity import uid_problem
+from agent.claim.model import ClaimRef
 from agent.common.k8snames import dns_label_problem
 from agent.common.safefile import UnsafeFileError, read_capped
 from agent.prepare.devices import SpecDevice

@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agent.checkpoint.model import ClaimRecord, MetadataRecord
-from agent.claim.model import AllocatedDevice, Claim, ClaimRef, name_problem
+from agent.claim.identity import name_problem
+from agent.claim.model import AllocatedDevice, Claim, ClaimRef
 from agent.prepare.devices import SpecDevice
 from agent.prepare.errors import DeviceMetadataError
 from agent.prepare.metadata import MetadataFile, claim_dir, host_path, names_problem, plan

@@ -15,15 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from agent.checkpoint.model import ClaimRecord, ClaimState, PreparedDevice
-from agent.claim.model import (
-    AllocatedDevice,
-    Claim,
-    ClaimError,
-    ClaimRef,
-    allocation_json,
-    parse_devices,
-)
+from agent.claim.model import AllocatedDevice, Claim, ClaimError, ClaimRef
 from agent.claim.opaque import ConfigDecodeError, merge_configs
+from agent.claim.parse import allocation_json, parse_devices
 from agent.prepare.cdispecs import ClaimSpecs
 from agent.prepare.devices import (
     SpecDevice,

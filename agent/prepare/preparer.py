@@ -22,15 +22,9 @@ from dataclasses import replace
 
 from agent.checkpoint.model import ClaimRecord, ClaimState, holders
 from agent.checkpoint.store import CheckpointStore, CheckpointWriteError
-from agent.claim.model import (
-    AllocatedDevice,
-    Claim,
-    ClaimError,
-    ClaimRef,
-    allocation_json,
-    check_uid,
-    uid_problem,
-)
+from agent.claim.identity import check_uid, uid_problem
+from agent.claim.model import AllocatedDevice, Claim, ClaimError, ClaimRef
+from agent.claim.parse import allocation_json
 from agent.claim.status import NicStatus
 from agent.common.failpoints import Failpoints, Point, hit
 from agent.common.metrics import Metrics

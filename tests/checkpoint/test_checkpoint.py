@@ -8,16 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.checkpoint.model import (
-    CheckpointCorruptError,
-    CheckpointData,
-    ClaimRecord,
-    ClaimState,
-    PreparedDevice,
-    checksum,
-    decode,
-    encode,
-)
+from agent.checkpoint.codec import CheckpointCorruptError, checksum, decode, encode
+from agent.checkpoint.model import CheckpointData, ClaimRecord, ClaimState, PreparedDevice
 from agent.checkpoint.store import CheckpointStore, read_boot_id
 from agent.common.metrics import Metrics
 

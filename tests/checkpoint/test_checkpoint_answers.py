@@ -8,7 +8,8 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from agent.checkpoint.model import ClaimRecord, decode
+from agent.checkpoint.codec import decode
+from agent.checkpoint.model import ClaimRecord
 from tests.plugnode import DRIVER, Node, make_claim
 
 CONFIG = [{"source": "FromClaim", "requests": ["req"], "opaque": {"driver": DRIVER, "parameters": {

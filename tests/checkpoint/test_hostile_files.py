@@ -21,21 +21,16 @@ import click.testing
 import pytest
 
 import agent.daemon
-from agent.checkpoint.model import (
-    CheckpointData,
-    ClaimRecord,
-    ClaimState,
-    PreparedDevice,
-    checksum,
-    encode,
-)
+from agent.checkpoint.codec import checksum, encode
+from agent.checkpoint.model import CheckpointData, ClaimRecord, ClaimState, PreparedDevice
 from agent.checkpoint.store import (
     MAX_CHECKPOINT_BYTES,
     CheckpointStore,
     CheckpointWriteError,
     read_boot_id,
 )
-from agent.claim.model import ClaimError, ClaimRef, parse_claim
+from agent.claim.model import ClaimError, ClaimRef
+from agent.claim.parse import parse_claim
 from agent.prepare.cdispecs import MAX_SPEC_BYTES, CDIClaimSpecs, EnvOnlyEdits
 from tests.plugnode import DRIVER, Node, make_claim
 

@@ -10,16 +10,9 @@ from typing import Any
 
 import pytest
 
-from agent.claim.model import (
-    UID_MAX_LEN,
-    Claim,
-    ClaimError,
-    ClaimRef,
-    allocation_json,
-    parse_claim,
-    parse_devices,
-    uid_problem,
-)
+from agent.claim.identity import UID_MAX_LEN, uid_problem
+from agent.claim.model import Claim, ClaimError, ClaimRef
+from agent.claim.parse import allocation_json, parse_claim, parse_devices
 from tests.fakes.kubelet import ClaimRef as KubeletClaimRef
 from tests.plugnode import DRIVER, Node, make_claim
 

@@ -88,7 +88,7 @@ def test_claims_wide_is_one_row_per_device_with_its_identity(node: Node) -> None
 def test_claims_wide_prints_no_control_characters_from_the_checkpoint(node: Node) -> None:
     from dataclasses import replace
 
-    from agent.checkpoint.model import decode, encode
+    from agent.checkpoint.codec import decode, encode
 
     node.prepare(node.book.put(make_claim("train", ["nic-0"], namespace="ml")))
     data = decode(node.checkpoint.read_bytes())

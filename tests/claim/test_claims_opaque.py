@@ -6,13 +6,9 @@ from typing import Any
 
 import pytest
 
-from agent.claim.model import (
-    ClaimError,
-    ClaimRef,
-    ClaimReplacedError,
-    parse_claim,
-)
+from agent.claim.model import ClaimError, ClaimRef, ClaimReplacedError
 from agent.claim.opaque import ConfigDecodeError, DeviceConfig, decode_config, merge_configs
+from agent.claim.parse import parse_claim
 from tests.plugnode import DRIVER, make_claim
 
 GOOD = {"apiVersion": "dra-agent.io/v1alpha1", "kind": "DeviceConfig"}

@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from agent.checkpoint.model import CheckpointData, ClaimRecord, ClaimState, encode
+from agent.checkpoint.codec import encode
+from agent.checkpoint.model import CheckpointData, ClaimRecord, ClaimState
 from agent.doctor import selfcheck
 from agent.doctor.context import Options
 from agent.doctor.model import Status

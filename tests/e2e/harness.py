@@ -107,7 +107,7 @@ class NodeDirs:
         """The checkpoint as JSON ({} when absent), its checksum verified by the agent's decoder."""
         if not self.checkpoint.exists():
             return {}
-        from agent.checkpoint.model import decode
+        from agent.checkpoint.codec import decode
 
         raw = self.checkpoint.read_bytes()
         decode(raw, str(self.checkpoint))  # raises when the file is not trustworthy

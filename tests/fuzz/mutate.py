@@ -36,19 +36,12 @@ from typing import Any
 
 import yaml
 
-from agent.checkpoint.model import (
-    CheckpointCorruptError,
-    CheckpointData,
-    ClaimRecord,
-    ClaimState,
-    PreparedDevice,
-    checksum,
-    decode,
-    encode,
-    salvage,
-)
-from agent.claim.model import ClaimError, ClaimRef, parse_claim, uid_problem
+from agent.checkpoint.codec import CheckpointCorruptError, checksum, decode, encode, salvage
+from agent.checkpoint.model import CheckpointData, ClaimRecord, ClaimState, PreparedDevice
+from agent.claim.identity import uid_problem
+from agent.claim.model import ClaimError, ClaimRef
 from agent.claim.opaque import ConfigDecodeError, env_denied, merge_configs
+from agent.claim.parse import parse_claim
 from agent.kube.credentials import CredentialsError
 from agent.kube.kubeconfig import load_kubeconfig
 from agent.prepare.cdispecs import CDIClaimSpecs, EnvOnlyEdits

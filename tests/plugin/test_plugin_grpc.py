@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.checkpoint.model import ClaimState, decode
+from agent.checkpoint.codec import decode
+from agent.checkpoint.model import ClaimState
 from tests.fakes.kubelet import KubeletStandIn
 from tests.plugnode import DRIVER, NODE, Node, build_node, make_claim, ref
 

@@ -42,7 +42,7 @@ def test_specs_pass_the_reference_library_and_inject(node: Node, cdi_check_bin: 
 def test_annotations_parse_as_a_runtime_parses_them(node: Node, cdi_check_bin: Path) -> None:
     claim = node.book.put(make_claim("c1", ["gpu-0", "gpu-4"]))
     node.prepare(claim)
-    from agent.checkpoint.model import decode
+    from agent.checkpoint.codec import decode
 
     rec = decode(node.checkpoint.read_bytes()).claims[claim["metadata"]["uid"]]
     ((key, value),) = rec.cdi_annotations.items()

@@ -10,7 +10,7 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.checkpoint.model import checksum, decode, encode
+from agent.checkpoint.codec import checksum, decode, encode
 from agent.common.metrics import LABEL_VALUE_MAX, Metrics
 from tests.plugnode import NODE, Node, make_claim
 

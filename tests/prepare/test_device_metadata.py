@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from agent.checkpoint.model import ClaimState, decode, encode
+from agent.checkpoint.codec import decode, encode
+from agent.checkpoint.model import ClaimState
 from agent.claim.model import POD_CLAIM_NAME_ANNOTATION
 from discovery.model import PCI_BUS_ID, Version
 from tests.plugnode import DRIVER, Node, gpu, make_claim, nic
@@ -163,7 +164,7 @@ def test_nic_claim_file_has_the_network_data_of_its_claim_status(rich: Node) -> 
         },
         "networkData": {"interfaceName": "net1", "hardwareAddress": "0c:42:a1:00:00:01"},
     }
-    from agent.claim.model import parse_claim
+    from agent.claim.parse import parse_claim
 
     nics = rich.server.preparer.network_status(parse_claim(claim))
     assert [(n.interface_name, n.hardware_address) for n in nics] == [
@@ -467,7 +468,7 @@ CHILD = """
 import json, os, sys
 from pathlib import Path
 from agent.checkpoint.store import CheckpointStore
-from agent.claim.model import parse_claim
+from agent.claim.parse import parse_claim
 from agent.common.failpoints import Failpoints
 from agent.prepare.claimmetadata import ClaimMetadata
 from agent.prepare.metadatafiles import HostMetadataFiles
@@ -491,7 +492,7 @@ def test_kill_9_after_the_files_leaves_nothing_once_restarted(tmp_path: Path) ->
     import sys
 
     from agent.checkpoint.store import CheckpointStore
-    from agent.claim.model import parse_claim
+    from agent.claim.parse import parse_claim
     from agent.common.failpoints import ENV
     from agent.prepare import DevicePreparer
     from agent.prepare.claimmetadata import ClaimMetadata

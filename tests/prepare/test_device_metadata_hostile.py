@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from agent.checkpoint.model import CheckpointCorruptError, decode
+from agent.checkpoint.codec import CheckpointCorruptError, decode
 from agent.claim.model import POD_CLAIM_NAME_ANNOTATION, AllocatedDevice, ClaimRef
 from agent.prepare.metadata import names_problem
 from tests.plugnode import DRIVER, Node, make_claim
@@ -259,7 +259,7 @@ def test_an_edited_checkpoint_naming_a_path_outside_is_corruption() -> None:
             ClaimRecord.from_json("u1", {**base, "deviceMetadata": bad})
     doc = {"schemaVersion": 1, "claims": {"u1": {**base, "deviceMetadata":
                                                   {"requests": ["../x"]}}}}
-    from agent.checkpoint.model import checksum
+    from agent.checkpoint.codec import checksum
 
     doc["checksum"] = checksum(doc)
     with pytest.raises(CheckpointCorruptError):

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from agent.claim.model import ClaimRef, parse_claim
+from agent.claim.model import ClaimRef
 from agent.claim.opaque import ConfigDecodeError, merge_configs
+from agent.claim.parse import parse_claim
 from agent.prepare import CDIClaimSpecs, EnvOnlyEdits
 from agent.prepare.devices import SpecDevice
 from agent.prepare.errors import BadConfigError

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.checkpoint.model import ClaimState, decode
+from agent.checkpoint.codec import decode
+from agent.checkpoint.model import ClaimState
 from agent.checkpoint.store import CheckpointStore
-from agent.claim.model import parse_claim
+from agent.claim.parse import parse_claim
 from agent.common.failpoints import (
     ENV,
     Action,
@@ -135,7 +136,7 @@ CHILD = textwrap.dedent("""
     import json, os, sys
     from pathlib import Path
     from agent.checkpoint.store import CheckpointStore
-    from agent.claim.model import parse_claim
+    from agent.claim.parse import parse_claim
     from agent.common.failpoints import Failpoints
     from discovery.model import Inventory
     from tests.plugnode import device_preparer, gpu

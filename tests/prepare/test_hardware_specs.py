@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent.claim.model import parse_claim
+from agent.claim.parse import parse_claim
 from agent.prepare import DevicePreparer, EnvOnlyEdits
 from agent.prepare.cdispecs import DeviceEdits
 from agent.prepare.errors import BadConfigError, SpecWriteError

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from agent.checkpoint.model import ClaimState
-from agent.claim.model import parse_claim
+from agent.claim.parse import parse_claim
 from agent.common.failpoints import FailpointError, Failpoints
 from agent.prepare import DevicePreparer
 from agent.prepare.effects.timeslice import TimeSliceEffect
@@ -106,7 +106,7 @@ def share_claim(gpus: int = 1) -> dict[str, Any]:
 CHILD = """
 import json, sys
 from pathlib import Path
-from agent.claim.model import parse_claim
+from agent.claim.parse import parse_claim
 from agent.common.failpoints import Failpoints
 from tests.prepare.test_host_undo_kill import gpu_preparer, vf_preparer
 

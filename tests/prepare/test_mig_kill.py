@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent.checkpoint.model import ClaimState
-from agent.claim.model import parse_claim
+from agent.claim.parse import parse_claim
 from agent.prepare.effects.miginstance import instance_of
 from tests.plugnode import make_claim
 from tests.prepare.migsetup import mig_node
@@ -31,7 +31,7 @@ MIG_POINTS = PREPARE_POINTS + UNPREPARE_POINTS
 CHILD = """
 import json, sys
 from pathlib import Path
-from agent.claim.model import parse_claim
+from agent.claim.parse import parse_claim
 from agent.common.failpoints import Failpoints
 from tests.prepare.migsetup import mig_node
 

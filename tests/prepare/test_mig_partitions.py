@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agent.checkpoint.model import ClaimRecord, ClaimState
-from agent.claim.model import parse_claim
+from agent.claim.parse import parse_claim
 from agent.prepare.effects.migcontrol import PartitionError
 from agent.prepare.effects.miginstance import KEY, Instance, instance_of
 from agent.prepare.errors import UnknownDeviceError

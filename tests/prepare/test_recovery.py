@@ -8,7 +8,8 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from agent.checkpoint.model import CheckpointData, ClaimState, decode, encode
+from agent.checkpoint.codec import decode, encode
+from agent.checkpoint.model import CheckpointData, ClaimState
 from agent.checkpoint.store import CheckpointStore
 from agent.claim.model import ClaimRef
 from tests.plugnode import DRIVER, Node, make_claim
@@ -91,7 +92,7 @@ def test_unprepare_with_unreadable_checkpoint_removes_the_spec(node: Node) -> No
 
 
 def test_newer_checkpoint_is_read_and_its_fields_survive_a_prepare(node: Node) -> None:
-    from agent.checkpoint.model import checksum
+    from agent.checkpoint.codec import checksum
 
     claim = node.book.put(make_claim("c1", ["gpu-0"]))
     uid = claim["metadata"]["uid"]

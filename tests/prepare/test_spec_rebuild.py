@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from agent.checkpoint.model import decode, encode
+from agent.checkpoint.codec import decode, encode
 from tests.plugnode import DRIVER, Node, gpu, make_claim
 
 

@@ -144,6 +144,6 @@ def _raw_claim() -> dict[str, Any]:
 
 
 def _claim() -> Any:
-    from agent.claim.model import parse_claim
+    from agent.claim.parse import parse_claim
 
     return parse_claim(_raw_claim())

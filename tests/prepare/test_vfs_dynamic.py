@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent.claim.model import parse_claim
+from agent.claim.parse import parse_claim
 from agent.prepare import DevicePreparer
 from agent.prepare.effects.vfs import VfError
 from cdi.edits import EditsProvider

@@ -1,0 +1,136 @@
+"""The checkpoint file: its bytes to and from ``CheckpointData``, verified.
+
+File format (JSON, one object)::
+
+    {
+      "schemaVersion": 1,
+      "claims": {"<claim uid>": {<record>}, ...},
+      "checksum": "sha256:<hex>"
+    }
+
+Decisions, each answering a bug an existing driver shipped:
+
+* **Checksum over the raw document.** The checksum is the SHA-256 of the canonical JSON
+  (sorted keys, no whitespace) of the whole document *as read*, minus the ``checksum`` key.
+  A reader never recomputes it from its own typed model, so fields added by a newer version
+  (or unknown to this one) never break it: they are part of what was hashed and part of what
+  is hashed again on rewrite, because unknown fields are kept.
+* **Versions are additive.** A newer ``schemaVersion`` may only add optional fields; such a
+  file is read, and rewritten with its own (higher) version number and all its fields. An
+  incompatible format would use a different file name, so an old agent never misreads it.
+* **Whatever cannot be trusted is corruption.** Too deep to parse, not UTF-8, a lone UTF-16
+  surrogate (``\\ud800`` parses, but can never be written back), a record its type refuses
+  (``agent.checkpoint.model``): each is a ``CheckpointCorruptError``, never another exception
+  that stops the agent.
+
+The records are ``agent.checkpoint.model``; file I/O, locking and corruption handling live in
+``agent.checkpoint.store``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from agent.checkpoint.model import SCHEMA_VERSION, CheckpointData, ClaimRecord
+
+
+class CheckpointCorruptError(Exception):
+    """The checkpoint file cannot be trusted (unparsable, bad checksum, wrong shape)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"checkpoint {path} is corrupt: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def checksum(document: Mapping[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of ``document`` without its ``checksum`` key."""
+    body = {k: v for k, v in document.items() if k != "checksum"}
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
+
+
+def encode(data: CheckpointData) -> bytes:
+    """The file's bytes. Raises ``UnicodeEncodeError`` for a string that is not valid Unicode
+    (a lone surrogate) and ``ValueError``/``TypeError`` for a value JSON cannot hold."""
+    doc: dict[str, Any] = dict(data.extra)
+    doc["schemaVersion"] = max(data.schema_version, SCHEMA_VERSION)
+    doc["claims"] = {uid: data.claims[uid].to_json() for uid in sorted(data.claims)}
+    doc["checksum"] = checksum(doc)
+    # Compact on purpose: ``indent`` makes the json module fall back to its pure-Python encoder,
+    # which was a tenth of a prepare's time and grows with every prepared claim. Operators read
+    # the file through ``dra-agent claims``.
+    return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+
+def decode(raw: bytes, path: str = "checkpoint") -> CheckpointData:
+    """Parse and verify a checkpoint; anything untrustworthy raises CheckpointCorruptError."""
+    doc = _loads(raw, path)
+    if not isinstance(doc, dict):
+        raise CheckpointCorruptError(path, "top level is not an object")
+    stored = doc.get("checksum")
+    try:
+        # Hashing encodes every string of the document: a lone surrogate fails here, once.
+        expected = checksum(doc)
+    except (UnicodeEncodeError, RecursionError) as err:
+        raise CheckpointCorruptError(path, f"cannot be written back: {_short(err)}") from err
+    if stored != expected:
+        raise CheckpointCorruptError(path, f"checksum mismatch (stored {stored!a})")
+    version = doc.get("schemaVersion")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CheckpointCorruptError(path, f"bad schemaVersion {version!r}")
+    claims = doc.get("claims")
+    if not isinstance(claims, dict):
+        raise CheckpointCorruptError(path, "claims is not an object")
+    try:
+        records = {str(uid): ClaimRecord.from_json(str(uid), rec) for uid, rec in claims.items()}
+    except ValueError as err:
+        raise CheckpointCorruptError(path, str(err)) from err
+    extra = {k: v for k, v in doc.items() if k not in ("schemaVersion", "claims", "checksum")}
+    return CheckpointData(claims=records, schema_version=version, extra=extra)
+
+
+def salvage(raw: bytes) -> dict[str, ClaimRecord]:
+    """Best effort: the records of a corrupt file that still parse on their own.
+
+    Used only to keep devices of surviving records marked as taken; a salvaged record is never
+    trusted as proof that a claim is prepared (its spec is rewritten on the next prepare).
+    """
+    try:
+        doc = _loads(raw, "checkpoint")
+    except CheckpointCorruptError:
+        return {}
+    claims = doc.get("claims") if isinstance(doc, dict) else None
+    if not isinstance(claims, dict):
+        return {}
+    out: dict[str, ClaimRecord] = {}
+    for uid, rec in claims.items():
+        try:
+            record = replace(ClaimRecord.from_json(str(uid), rec), recovered=True)
+            # Kept only if it can be written back: one bad string must not make every later
+            # write of the checkpoint fail.
+            json.dumps(record.to_json(), ensure_ascii=False).encode()
+        except (ValueError, TypeError, RecursionError):  # UnicodeEncodeError is a ValueError
+            continue
+        out[str(uid)] = record
+    return out
+
+
+def _loads(raw: bytes, path: str) -> Any:
+    """JSON from bytes; everything the parser can raise on hostile input is corruption."""
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointCorruptError(path, f"not JSON: {_short(err)}") from err
+    except RecursionError as err:  # e.g. 200,000 nested arrays
+        raise CheckpointCorruptError(path, "nested too deeply to parse") from err
+
+
+def _short(err: Exception) -> str:
+    """An error's text, safe for a one-line log: ASCII only, at most 200 characters."""
+    return ascii(str(err))[1:-1][:200]
+
