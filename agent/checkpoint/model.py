@@ -12,9 +12,9 @@ Decisions, each answering a bug an existing driver shipped:
 * **Two-phase records** (``PrepareStarted`` then ``PrepareCompleted``) and the boot ID under
   which each record's CDI spec was written, so a reboot (tmpfs CDI dir) is told from a restart.
 * **Host side effects are named before they happen.** A device's ``migPartition`` (parent
-  UUID, GI profile, placement; then GI/CI ids and MIG UUID, ``agent.prepare.partitions``) is
+  UUID, GI profile, placement; then GI/CI ids and MIG UUID, ``agent.prepare.effects.mig``) is
   durable before the instance is created; ``vfRestoreDriver`` is the driver a VF goes back to
-  and ``vfMacReset`` the PF and index whose MAC unprepare unsets (``agent.prepare.vfs``).
+  and ``vfMacReset`` the PF and index whose MAC unprepare unsets (``agent.prepare.effects.vfs``).
   They ride in the device's extra fields, so older readers keep them.
 * **A record the kubelet-facing path would refuse is refused here.** A claim UID or name that
   no request could carry (a NUL in a UID would otherwise reach a path at start-up), a
@@ -66,7 +66,7 @@ class PreparedDevice:
     #: A share's consumedCapacity (name -> quantity): what it holds of the device, summed
     #: against the device's capacity when another share is prepared.
     consumed: Mapping[str, str] = field(default_factory=dict)
-    #: The GPU time-slice interval this share asked for (``agent.prepare.enforce``).
+    #: The GPU time-slice interval this share asked for (``agent.prepare.effects.timeslice``).
     time_slice: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
