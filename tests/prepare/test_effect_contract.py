@@ -35,7 +35,7 @@ import pytest
 
 from agent.checkpoint.model import ClaimState
 from agent.checkpoint.store import CheckpointStore
-from agent.claim.model import parse_claim
+from agent.claim.parse import parse_claim
 from agent.common.failpoints import Failpoints, Point
 from agent.daemon import wiring
 from agent.prepare import DevicePreparer
@@ -382,7 +382,7 @@ def cdi_ids(record: Any) -> list[str]:
 CHILD = """
 import json, sys
 from pathlib import Path
-from agent.claim.model import parse_claim
+from agent.claim.parse import parse_claim
 from agent.common.failpoints import Failpoints
 from tests.prepare.test_effect_contract import CASES
 
