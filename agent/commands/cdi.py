@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent.common.config import pop_config, shared_options
+from agent.commands.options import pop_config, shared_options
 
 if TYPE_CHECKING:
     from cdi.edits import EditsProvider

@@ -15,7 +15,7 @@ import click
 from agent.checkpoint.codec import CheckpointCorruptError, decode
 from agent.checkpoint.model import ClaimRecord, PreparedDevice
 from agent.checkpoint.store import MAX_CHECKPOINT_BYTES
-from agent.common.config import pop_config, shared_options
+from agent.commands.options import pop_config, shared_options
 from agent.common.metrics import label_value
 from agent.common.safefile import UnsafeFileError, read_capped
 

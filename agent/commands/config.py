@@ -98,8 +98,8 @@ def example() -> None:
 @click.argument("file", type=click.Path(dir_okay=False))
 def check(file: str) -> None:
     """Read FILE as `run --config FILE` would; exit 0 if it is usable, 2 if not."""
+    from agent.commands.options import pop_config
     from agent.commands.run import command as run_command
-    from agent.common.config import pop_config
 
     # Parsed as `run --config FILE`, so the file is merged exactly as it would be there: the
     # shared keys through Config, run's own keys cast by their click types.

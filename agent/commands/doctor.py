@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent.common.config import Config, pop_config, shared_options
+from agent.commands.options import pop_config, shared_options
+from agent.common.config import Config
 
 if TYPE_CHECKING:
     from agent.doctor.context import Context, Http, Options
@@ -115,6 +116,7 @@ def _context(cfg: Config, root: Path | None, api: Http | None, skip: str,
              error: str) -> Iterator[Context]:
     from agent.doctor.context import Context
     from agent.doctor.host import HostRoot
+    from agent.inventory import discovery_options
     from discovery.scan import discover
 
     options = _options(cfg)
@@ -122,7 +124,7 @@ def _context(cfg: Config, root: Path | None, api: Http | None, skip: str,
 
     def make(host: HostRoot, sources: Sources) -> Context:
         def run_discovery() -> Inventory:
-            return discover(sources, cfg.discovery_options())
+            return discover(sources, discovery_options(cfg))
 
         return Context(host=host, options=options, api=api, api_skip=skip, api_error=error,
                        discover=run_discovery, gpu=sources.gpu if wants_nvml else None,

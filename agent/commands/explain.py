@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from agent.common.config import pop_config, shared_options
+from agent.commands.options import pop_config, shared_options
 from agent.explain.features import DEFAULTS, MODELLED_KUBERNETES
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent.common.config import common_options, pop_config
+from agent.commands.options import common_options, pop_config
 
 if TYPE_CHECKING:
     from agent.health import HealthOptions
