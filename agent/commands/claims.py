@@ -113,6 +113,6 @@ def command(output: str, **kwargs: Any) -> None:
     if output == "json":
         click.echo(json.dumps(docs, indent=2, sort_keys=True))
     else:
-        import yaml
+        import yaml  # only for -o yaml
 
         click.echo(yaml.safe_dump(docs, sort_keys=True), nl=False)

@@ -15,6 +15,7 @@ import click
 
 from agent.commands.options import pop_config, shared_options
 from agent.common.config import Config
+from agent.common.logs import setup_logging
 
 if TYPE_CHECKING:
     from discovery.model import Inventory
@@ -45,7 +46,7 @@ def discover_for_command(cfg: Config) -> Inventory:
                 "log_format", "verbosity")
 def command(output: str, topology: bool, **kwargs: Any) -> None:
     """Show the devices this node would publish (nothing is published)."""
-    from agent.common.logs import setup_logging
+    # Lazy, as above: what the command runs loads when it runs, not for its -h.
     from agent.inventory import slice_objects
     from discovery.pools import build_resources
     from discovery.report import table
@@ -69,7 +70,7 @@ def command(output: str, topology: bool, **kwargs: Any) -> None:
         if output == "json":
             click.echo(json.dumps(listing, indent=2))
         else:
-            import yaml
+            import yaml  # only for -o yaml
 
             click.echo(yaml.safe_dump(listing, sort_keys=False), nl=False)
     else:

@@ -261,6 +261,8 @@ class Daemon:
             else _shipped()
         if not dp.mapped_classes(classes).keys() & advertised.keys():
             return
+        # Lazy: only a node where a device plugin advertises a name one of the classes maps
+        # gets here; explain's allocator and its CEL engine are a quarter of a second.
         from agent.explain.probe import selects_a_device
         from agent.slices import Owner
         from agent.slices.render import render_slices
