@@ -17,6 +17,9 @@ there is to read when the agent runs without an API server.
 A class counts only when it selects devices this node publishes: its selectors are evaluated
 against our slices by the allocator of ``dra-agent explain`` (the scheduler's CEL, so a class of
 another driver, or our gpu class on a node started with ``--device-types nic``, is no overlap).
+The caller hands that evaluator in (``SelectorCheck``; the daemon passes
+``agent.explain.probe.selects_a_device``): this module, which doctor loads too, stays below
+explain and never loads the allocator or its CEL engine itself.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from agent.common.quantity import QuantityError, parse_quantity
 from agent.common.safefile import UnsafeFileError, read_capped
+from agent.kube.errors import KubeAPIError
 
 log = logging.getLogger(__name__)
 
@@ -146,32 +151,27 @@ def find_overlaps(
     return out
 
 
-def class_selects(slices: Sequence[Mapping[str, Any]], node_name: str,
+#: Whether a DeviceClass's selectors pass one device of the slices on the node (the class, the
+#: slices, the node's name); raises ValueError for a class whose selectors do not compile.
+SelectorCheck = Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]], str], bool]
+
+
+def class_selects(slices: Sequence[Mapping[str, Any]], node_name: str, check: SelectorCheck,
                   ) -> Callable[[Mapping[str, Any]], bool]:
-    """Whether one device of ``slices`` passes a class's selectors, as the scheduler's CEL says.
+    """Whether one device of ``slices`` passes a class's selectors, as ``check`` says.
 
     A class whose selectors do not compile (the API server would have refused it) selects
     nothing here: it cannot allocate anything either.
     """
 
     def selects(device_class: Mapping[str, Any]) -> bool:
-        from agent.explain.api import explain
-        from agent.explain.docs import InputError
-
         name = (device_class.get("metadata") or {}).get("name")
-        probe = {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "device-plugin-overlap", "namespace": "default"},
-            "spec": {"devices": {"requests": [
-                {"name": "probe", "exactly": {"deviceClassName": name, "count": 1}}]}},
-        }
         try:
-            result = explain(probe, [device_class], slices, node_name)
-        except InputError as err:
+            return check(device_class, slices, node_name)
+        except ValueError as err:
             log.warning("DeviceClass not evaluated for device-plugin overlap",
                         extra={"device_class": name, "error": str(err)})
             return False
-        return any(report.matching for report in result.requests)
 
     return selects
 
@@ -179,10 +179,6 @@ def class_selects(slices: Sequence[Mapping[str, Any]], node_name: str,
 def node_capacity(api: Any, node_name: str) -> dict[str, str]:
     """The extended resources the Node advertises; {} (and one log line) when it cannot be
     read: the check must not keep a node from starting because the API server is slow."""
-    from urllib.parse import quote
-
-    from agent.kube.errors import KubeAPIError
-
     try:
         node = api.request("GET", f"/api/v1/nodes/{quote(node_name, safe='')}",
                            timeout=10.0).raise_for_status().json()
@@ -198,8 +194,6 @@ def cluster_classes(
 ) -> list[Mapping[str, Any]]:
     """The cluster's DeviceClasses, or ``fallback()`` (the shipped ones) with one log line when
     they cannot be listed: the kubelet's own credentials (bare metal) may not list them."""
-    from agent.kube.errors import KubeAPIError
-
     for version in ("v1", "v1beta2", "v1beta1"):
         try:
             listed = api.request("GET", f"/apis/resource.k8s.io/{version}/deviceclasses",

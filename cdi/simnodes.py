@@ -37,8 +37,6 @@ log = logging.getLogger(__name__)
 #: The numbers of /dev/null: what every stand-in node is.
 STAND_IN_MAJOR = 1
 STAND_IN_MINOR = 3
-#: The stand-ins' directory under the agent's plugin directory.
-SUBDIR = "simulated-dev"
 #: A container path the stand-ins may take: under /dev, plain names, no "." or "..".
 _CONTAINER_PATH_RE = re.compile(r"/dev(/[A-Za-z0-9_][A-Za-z0-9_.:-]*)+")
 _CAP_HINT = "the agent needs CAP_MKNOD (a privileged container, or that capability)"

@@ -12,7 +12,9 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from agent.common.config import Config, ConfigError, build_config, common_options, pop_config
+from agent.commands.configfile import ConfigError, build_config
+from agent.commands.options import common_options, pop_config
+from agent.common.config import Config
 from agent.common.logs import JsonFormatter, LogfmtFormatter, setup_logging
 
 

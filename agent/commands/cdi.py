@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent.common.config import pop_config, shared_options
+from agent.commands.options import pop_config, shared_options
+from agent.common.logs import setup_logging
 
 if TYPE_CHECKING:
     from cdi.edits import EditsProvider
@@ -69,6 +70,7 @@ def generate_spec(
     node); otherwise each device carries its own share, so asking for a NIC never mounts the
     NVIDIA driver.
     """
+    # Lazy, as generate's: the CDI machinery (a sixth of a second) loads when a spec is made.
     from cdi.edits import describe_env
     from cdi.errors import DeviceEditsError
     from cdi.spec import CDIDevice, ContainerEdits, Spec
@@ -98,7 +100,7 @@ def generate_spec(
 def render(spec: Spec, output: str) -> str:
     if output == "json":
         return json.dumps(spec.to_dict(), indent=2)
-    import yaml
+    import yaml  # only for -o yaml
 
     text: str = yaml.safe_dump(spec.to_dict(), sort_keys=False)
     return text.rstrip("\n")
@@ -170,8 +172,8 @@ def generate(
     **kwargs: Any,
 ) -> None:
     """Print a CDI spec for the devices of this node (all when none is named)."""
+    # Lazy: discovery and the CDI machinery load when the command runs, not for its -h.
     from agent.commands.discover import discover_for_command
-    from agent.common.logs import setup_logging
     from cdi.edits import EditsProvider
     from cdi.errors import CDINameError
     from cdi.names import validate_kind

@@ -15,7 +15,7 @@ import click
 from agent.checkpoint.codec import CheckpointCorruptError, decode
 from agent.checkpoint.model import ClaimRecord, PreparedDevice
 from agent.checkpoint.store import MAX_CHECKPOINT_BYTES
-from agent.common.config import pop_config, shared_options
+from agent.commands.options import pop_config, shared_options
 from agent.common.metrics import label_value
 from agent.common.safefile import UnsafeFileError, read_capped
 
@@ -113,6 +113,6 @@ def command(output: str, **kwargs: Any) -> None:
     if output == "json":
         click.echo(json.dumps(docs, indent=2, sort_keys=True))
     else:
-        import yaml
+        import yaml  # only for -o yaml
 
         click.echo(yaml.safe_dump(docs, sort_keys=True), nl=False)

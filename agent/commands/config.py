@@ -15,11 +15,14 @@ from typing import Any
 
 import click
 
+from agent.common.config import Config
+
 #: Options that have no place in a file: the file itself, and the count flag's spelling.
 _NOT_IN_FILE = frozenset({"config_file"})
 
 
 def _run_params() -> list[click.Parameter]:
+    # Lazy, here and in check: run's options are read only by the subcommand that needs them.
     from agent.commands.run import command as run_command
 
     return [p for p in run_command.params if p.name and p.name not in _NOT_IN_FILE]
@@ -32,8 +35,6 @@ def _key(param: click.Parameter) -> str:
 
 
 def _default(param: click.Parameter) -> Any:
-    from agent.common.config import Config
-
     value = param.default
     # click >= 8.2 marks "no default" with a sentinel object rather than None.
     if value is None or value == () or type(value).__name__ == "Sentinel":
@@ -98,8 +99,8 @@ def example() -> None:
 @click.argument("file", type=click.Path(dir_okay=False))
 def check(file: str) -> None:
     """Read FILE as `run --config FILE` would; exit 0 if it is usable, 2 if not."""
+    from agent.commands.options import pop_config
     from agent.commands.run import command as run_command
-    from agent.common.config import pop_config
 
     # Parsed as `run --config FILE`, so the file is merged exactly as it would be there: the
     # shared keys through Config, run's own keys cast by their click types.

@@ -9,53 +9,23 @@ only when nothing at all could be read.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent.common.config import Config, pop_config, shared_options
+from agent.commands.options import pop_config, shared_options
+from agent.common.config import Config
+from agent.common.logs import setup_logging
 
 if TYPE_CHECKING:
-    from discovery.model import DriverResources, Inventory
-
-
-def slice_objects(
-    resources: DriverResources, driver: str, node_name: str
-) -> list[dict[str, Any]]:
-    """ResourceSlice dicts exactly as the slice controller would create them for this node.
-
-    The API server appends the random suffix to ``generateName``, so no ``name`` exists yet;
-    the Node owner reference is left out because its UID needs the API server.
-    """
-    from agent.slices import Owner
-    from agent.slices.render import render_slices
-
-    objects = render_slices(driver, Owner(name=node_name), resources)
-    for obj in objects:
-        obj["metadata"].pop("ownerReferences", None)
-    return objects
-
-
-def run_discovery(cfg: Config) -> Inventory:
-    """Discover once with the configured sources (a throw-away tree for ``--simulate``).
-
-    Raises ``discovery.simulate.ProfileError`` for an unknown profile.
-    """
-    from discovery.host import host_sources
-    from discovery.scan import discover
-    from discovery.simulate import scratch_dir, simulated_sources
-
-    options = cfg.discovery_options()
-    if not cfg.simulate:
-        return discover(host_sources(sysfs_root=cfg.sysfs_root), options)
-    with scratch_dir() as tmp:
-        return discover(simulated_sources(cfg.simulate, Path(tmp)), options)
+    from discovery.model import Inventory
 
 
 def discover_for_command(cfg: Config) -> Inventory:
     """``run_discovery`` for a command: a bad profile is a usage error (exit 2), and the
     sources that could not be read are warned about on stderr."""
+    # Lazy: the scanners (a tenth of a second) load when the command runs, not for its -h.
+    from agent.inventory import run_discovery
     from discovery.simulate import ProfileError
 
     try:
@@ -76,7 +46,8 @@ def discover_for_command(cfg: Config) -> Inventory:
                 "log_format", "verbosity")
 def command(output: str, topology: bool, **kwargs: Any) -> None:
     """Show the devices this node would publish (nothing is published)."""
-    from agent.common.logs import setup_logging
+    # Lazy, as above: what the command runs loads when it runs, not for its -h.
+    from agent.inventory import slice_objects
     from discovery.pools import build_resources
     from discovery.report import table
     from discovery.report import topology as topology_view
@@ -99,7 +70,7 @@ def command(output: str, topology: bool, **kwargs: Any) -> None:
         if output == "json":
             click.echo(json.dumps(listing, indent=2))
         else:
-            import yaml
+            import yaml  # only for -o yaml
 
             click.echo(yaml.safe_dump(listing, sort_keys=False), nl=False)
     else:

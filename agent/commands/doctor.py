@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent.common.config import Config, pop_config, shared_options
+from agent.commands.options import pop_config, shared_options
+from agent.common.config import Config
+from agent.common.logs import setup_logging
 
 if TYPE_CHECKING:
     from agent.doctor.context import Context, Http, Options
@@ -39,7 +41,8 @@ def command(**kwargs: Any) -> None:
 
     Exit 0 when no check fails (warnings included), 1 when one does, 2 for bad input.
     """
-    from agent.common.logs import setup_logging
+    # Lazy, as every import of this command's functions: the checks, discovery and the API
+    # client (a fifth of a second) load when the command runs, not for its -h.
     from agent.doctor.render import to_json, to_table
     from agent.doctor.runner import exit_code, run_checks
 
@@ -115,6 +118,7 @@ def _context(cfg: Config, root: Path | None, api: Http | None, skip: str,
              error: str) -> Iterator[Context]:
     from agent.doctor.context import Context
     from agent.doctor.host import HostRoot
+    from agent.inventory import discovery_options
     from discovery.scan import discover
 
     options = _options(cfg)
@@ -122,7 +126,7 @@ def _context(cfg: Config, root: Path | None, api: Http | None, skip: str,
 
     def make(host: HostRoot, sources: Sources) -> Context:
         def run_discovery() -> Inventory:
-            return discover(sources, cfg.discovery_options())
+            return discover(sources, discovery_options(cfg))
 
         return Context(host=host, options=options, api=api, api_skip=skip, api_error=error,
                        discover=run_discovery, gpu=sources.gpu if wants_nvml else None,

@@ -7,12 +7,16 @@ Exit 0 fits, 1 does not fit, 2 bad input (one line, pointing at the file and lin
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
-from agent.common.config import pop_config, shared_options
-from agent.explain.features import DEFAULTS, MODELLED_KUBERNETES
+from agent.commands.options import pop_config, shared_options
+from agent.explain.docs import Doc, InputError, decode, load_file, load_text, packaged_classes
+from agent.explain.features import DEFAULTS, MODELLED_KUBERNETES, parse_gates
+from agent.explain.pods import claims_of_pod
+from agent.explain.render import to_json, to_table, to_table_pod, to_yaml
 
 
 @click.command()
@@ -48,8 +52,6 @@ def command(*, claim_files: tuple[str, ...], class_files: tuple[str, ...], slice
             allocated_files: tuple[str, ...], feature_gates: str, kubernetes_version: str,
             node_labels: str, output: str, **kwargs: Any) -> None:
     """Replay the scheduler's device allocation for one claim on this node."""
-    from agent.explain.docs import InputError
-
     cfg = pop_config(kwargs)
     try:
         _run(cfg, claim_files=claim_files, class_files=class_files, slices_from=slices_from,
@@ -73,10 +75,6 @@ def _fail(line: str) -> None:
 def _check_kubeconfig(value: str) -> None:
     """A kubeconfig path that names no file is a mistake even where this run reads no cluster
     (``--slices from-discovery``): the operator meant some cluster, and would not be told."""
-    from pathlib import Path
-
-    from agent.explain.docs import InputError
-
     text = value.strip()
     if not text or text.lower() == "none":
         return
@@ -88,8 +86,6 @@ def _check_kubeconfig(value: str) -> None:
 
 def parse_labels(text: str) -> dict[str, str]:
     """``k=v,k2=v2`` (kubectl's form); a key alone has an empty value."""
-    from agent.explain.docs import InputError
-
     out: dict[str, str] = {}
     for part in (p.strip() for p in text.split(",")):
         if not part:
@@ -104,10 +100,6 @@ def parse_labels(text: str) -> dict[str, str]:
 def _run(cfg: Any, *, claim_files: tuple[str, ...], class_files: tuple[str, ...], slices_from: str,
          allocated_files: tuple[str, ...], feature_gates: str, kubernetes_version: str,
          node_labels: str, output: str) -> None:
-    from agent.explain.docs import Doc, InputError, decode, load_file, load_text
-    from agent.explain.features import parse_gates
-    from agent.explain.render import to_json, to_table, to_table_pod, to_yaml
-
     _check_kubeconfig(cfg.kubeconfig)
     features = parse_gates(feature_gates, kubernetes_version)
     labels = parse_labels(node_labels)
@@ -123,13 +115,13 @@ def _run(cfg: Any, *, claim_files: tuple[str, ...], class_files: tuple[str, ...]
     slices: list[Doc | dict[str, Any]]
     cluster = None
     if slices_from == "from-cluster":
+        # Lazy, as slices_from_discovery below: the API client, or discovery, is loaded only
+        # by the run that reads it.
         from agent.explain.sources import Cluster
 
         cluster = Cluster(cfg)
     to_explain: list[Any] = list(claims)
     if any(d.obj.get("kind") == "Pod" for d in claims):
-        from agent.explain.pods import claims_of_pod
-
         to_explain = claims_of_pod(claims, cluster.get if cluster is not None else None)
     if cluster is not None:
         slices = list(cluster.slices())
@@ -149,9 +141,8 @@ def _run(cfg: Any, *, claim_files: tuple[str, ...], class_files: tuple[str, ...]
     else:
         slices = list(load_file(slices_from))
     if not class_files and slices_from != "from-cluster":
-        from agent.explain.docs import packaged_classes
-
         classes = list(packaged_classes())
+    # Lazy: the allocator and its CEL engine are a quarter of a second, not paid for -h.
     from agent.explain.api import explain_pod
 
     pod = explain_pod(to_explain, classes, slices, cfg.node_name, allocated,

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent.common.config import common_options, pop_config
+from agent.commands.options import common_options, pop_config
+from agent.common.logs import setup_logging
 
 if TYPE_CHECKING:
     from agent.health import HealthOptions
@@ -26,6 +27,8 @@ FORCED_EXIT = 130
 
 
 def _health_options(kwargs: dict[str, Any]) -> HealthOptions | None:
+    # Lazy, as the daemon below: `config example` and `run -h` read this module's options
+    # without loading the agent (half a second: gRPC, NVML, the health monitor).
     from agent.health import HealthConfigError, HealthOptions, parse_effects, parse_xids
 
     if not kwargs["health"]:
@@ -96,7 +99,6 @@ def _health_options(kwargs: dict[str, Any]) -> HealthOptions | None:
 @common_options
 def command(**kwargs: Any) -> None:
     """Run the agent: discover, publish ResourceSlices, serve the kubelet."""
-    from agent.common.logs import setup_logging
     from agent.daemon import Daemon, DaemonError, RunOptions
 
     os.umask(0o077)  # what the agent creates (plugin dir, checkpoint, specs) is root's only

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from agent.common.config import pop_config, shared_options
+from agent.commands.options import pop_config, shared_options
 from agent.simfaults.request import MAX_XID, FaultKind, FaultRequest, FaultRequestError
 from agent.simfaults.writer import (
     Outcome,

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from agent.common.config import Config
 from agent.common.metrics import Metrics
 from agent.daemon.options import DaemonError, NoAPIClaimSource, RunOptions
+from agent.inventory import discovery_options
 from agent.sdnotify import Notifier
 from discovery.model import Inventory
 from discovery.sources import Sources
@@ -260,14 +261,17 @@ class Daemon:
             else _shipped()
         if not dp.mapped_classes(classes).keys() & advertised.keys():
             return
+        # Lazy: only a node where a device plugin advertises a name one of the classes maps
+        # gets here; explain's allocator and its CEL engine are a quarter of a second.
+        from agent.explain.probe import selects_a_device
         from agent.slices import Owner
         from agent.slices.render import render_slices
         from discovery.pools import build_resources
 
         slices = render_slices(self.cfg.driver_name, Owner(name=self.cfg.node_name),
                                build_resources(inventory, self.cfg.node_name))
-        overlaps = dp.find_overlaps(classes, advertised,
-                                    dp.class_selects(slices, self.cfg.node_name))
+        overlaps = dp.find_overlaps(classes, advertised, dp.class_selects(
+            slices, self.cfg.node_name, selects_a_device))
         for overlap in overlaps[1:]:
             log.error("device-plugin overlap", extra={"resource": overlap.resource,
                                                       "device_class": overlap.device_class})
@@ -293,8 +297,8 @@ class Daemon:
 
     def discovery_options(self) -> Any:
         """Every scan's options: the config's, the node's addresses, our MIG instances."""
-        return self.cfg.discovery_options(node_addresses=self.options.node_addresses,
-                                          mig_owned=self._mig_owned)
+        return discovery_options(self.cfg, node_addresses=self.options.node_addresses,
+                                 mig_owned=self._mig_owned)
 
     def _mig_owned(self) -> frozenset[tuple[str, int, int]]:
         """The MIG instances our checkpoint names (--mig dynamic): the plugin's records once it

@@ -19,7 +19,8 @@ def slices_from_discovery(cfg: Config, list_attributes: bool = False) -> list[di
     """What this node (or ``--simulate PROFILE``) would publish, as ResourceSlice dicts, with
     numaNode as an int list where ``list_attributes`` (the cluster's DRAListTypeAttributes)."""
     try:
-        from agent.commands.discover import run_discovery, slice_objects
+        # Lazy: only from-discovery scans this node; files and from-cluster load no discovery.
+        from agent.inventory import run_discovery, slice_objects
         from discovery.pools import build_resources
         from discovery.simulate import ProfileError
     except ImportError as err:  # discovery not installed in this build
@@ -36,6 +37,7 @@ class Cluster:
     """Read-only access to the node's slices, the classes and the allocated claims."""
 
     def __init__(self, cfg: Config) -> None:
+        # Lazy: the kubeconfig readers load only where explain asks the API server.
         from agent.kube.client import KubeConfigError, api_client
 
         try:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from agent.common import filelock
+from agent.common.config import SIMULATED_FAULTS_SUBDIR
 
 __all__ = [
     "AGENT_LOCK_SUFFIX",
@@ -25,7 +26,7 @@ __all__ = [
 ]
 
 #: The inbox, under the agent's plugin directory (``Config.simulated_faults_dir``).
-INBOX_SUBDIR = "simulated-faults"
+INBOX_SUBDIR = SIMULATED_FAULTS_SUBDIR
 #: Beside the inbox: the lock a running simulated agent holds (shared) for its life.
 AGENT_LOCK_SUFFIX = ".lock"
 #: Where refused requests go, inside the inbox, each with ``<name>.reason``.

@@ -14,6 +14,7 @@ import pytest
 
 from agent import deviceplugins as dp
 from agent.explain.docs import packaged_classes
+from agent.explain.probe import selects_a_device
 from agent.slices import Owner
 from agent.slices.render import render_slices
 from discovery.pools import build_resources
@@ -115,14 +116,15 @@ def test_an_overlap_needs_the_name_advertised_and_our_devices_selected(tmp_path:
         if cls["metadata"]["name"] == "gpu.dra-agent.io":
             cls["spec"]["extendedResourceName"] = "nvidia.com/gpu"
     advertised = {"nvidia.com/gpu": "Node n1 status.capacity", "rdma/hca": "Node n1 status."}
-    overlaps = dp.find_overlaps(classes, advertised, dp.class_selects(_slices(tmp_path), NODE))
+    overlaps = dp.find_overlaps(classes, advertised,
+                                dp.class_selects(_slices(tmp_path), NODE, selects_a_device))
     assert overlaps == [dp.Overlap("nvidia.com/gpu", "gpu.dra-agent.io",
                                    "Node n1 status.capacity")]
     message = overlaps[0].message()
     assert "nvidia.com/gpu" in message and "gpu.dra-agent.io" in message
     assert "--allow-device-plugin-overlap" in message and "\n" not in message
     # The same class on a node publishing only NICs selects nothing of ours: no overlap.
-    nics_only = dp.class_selects(_slices(tmp_path / "n", ("nic", "vf")), NODE)
+    nics_only = dp.class_selects(_slices(tmp_path / "n", ("nic", "vf")), NODE, selects_a_device)
     assert dp.find_overlaps(classes, advertised, nics_only) == []
 
 
@@ -140,7 +142,7 @@ def test_selectors_are_only_evaluated_for_advertised_names() -> None:
 def test_a_class_of_another_driver_or_with_bad_cel_selects_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    selects = dp.class_selects(_slices(tmp_path), NODE)
+    selects = dp.class_selects(_slices(tmp_path), NODE, selects_a_device)
     other = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
              "metadata": {"name": "gpu.nvidia.com"},
              "spec": {"extendedResourceName": "nvidia.com/gpu", "selectors": [

@@ -14,7 +14,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from agent.common.config import Config, common_options, pop_config
+from agent.commands.options import common_options, pop_config
+from agent.common.config import Config
 from agent.daemon import Daemon, RunOptions
 from tests.fakes.apiserver import FakeAPIServer
 

@@ -12,7 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from agent.cli import main
-from agent.commands.discover import slice_objects
+from agent.inventory import slice_objects
 from discovery.model import Device, DeviceType, Inventory, Taint
 from discovery.pools import build_resources
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent.commands.discover import slice_objects
 from agent.explain import explain
 from agent.explain.docs import packaged_classes
 from agent.explain.render import to_table
+from agent.inventory import slice_objects
 from discovery.pools import build_resources
 from discovery.scan import DiscoveryOptions, discover
 from discovery.sharing import parse_sharing_list

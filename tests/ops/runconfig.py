@@ -6,8 +6,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.commands.options import pop_config
 from agent.commands.run import command as run_command
-from agent.common.config import Config, pop_config
+from agent.common.config import Config
 
 
 def run_config(args: Sequence[str], env: Mapping[str, str] | None = None) -> Config:

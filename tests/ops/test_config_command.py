@@ -10,8 +10,8 @@ from typing import Any
 from click.testing import CliRunner
 
 from agent.cli import main
+from agent.commands.options import pop_config
 from agent.commands.run import command as run_command
-from agent.common.config import pop_config
 
 KEY = re.compile(r"^#([a-z][a-z-]*):", re.MULTILINE)
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import click
 import pytest
 
-from agent.common.config import Config, common_options
+from agent.commands.options import common_options
+from agent.common.config import Config
 from agent.httpserver import parse_address
 from tests.conftest import REPO
 

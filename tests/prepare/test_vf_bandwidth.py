@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from agent.common.config import ConfigError, build_config
+from agent.commands.configfile import ConfigError, build_config
 from agent.common.failpoints import FailpointError, Failpoints
+from agent.inventory import discovery_options
 from discovery.scan import DiscoveryOptions, discover
 from discovery.simulate import simulated_sources
 from discovery.vfs import parse_vf_rate, rate_quantity, vf_info_message
@@ -92,7 +93,7 @@ def test_the_flag_needs_vfs_on_demand_and_is_kept_normalised() -> None:
         build_config({"vf_bandwidth": "25G"})
     cfg = build_config({"vf_bandwidth": "25000M", "vfs": "dynamic"})
     assert cfg.vf_bandwidth == "25G"
-    assert cfg.discovery_options().vf_bandwidth_mbps == 25_000
+    assert discovery_options(cfg).vf_bandwidth_mbps == 25_000
     with pytest.raises(ConfigError, match=r"^vf-bandwidth: expected a rate such as 25G"):
         build_config({"vf_bandwidth": "lots", "vfs": "dynamic"})
 

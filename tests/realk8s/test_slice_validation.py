@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from agent.commands.discover import run_discovery
 from agent.common.config import Config
+from agent.inventory import run_discovery
 from agent.slices import Owner
 from agent.slices.compare import dropped_fields, likely_gates
 from agent.slices.render import render_slices
@@ -31,7 +31,6 @@ from discovery.model import (
     Taint,
 )
 from discovery.pools import MAX_DEVICES, build_resources
-from discovery.sharing import parse_sharing_list
 from tests.e2e.harness import DRIVER
 from tests.realk8s.cluster import RealCluster, status_text
 
@@ -64,7 +63,7 @@ def check(cluster: RealCluster, node: str, objects: list[dict[str, Any]]) -> lis
 
 def simulated(profile: str, node: str, sharing: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     inventory = run_discovery(Config(simulate=profile, node_name=node,
-                                     sharing=parse_sharing_list(sharing)))
+                                     sharing=sharing))
     return render_slices(DRIVER, Owner(name=node), build_resources(inventory, node))
 
 
