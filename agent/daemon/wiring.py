@@ -8,14 +8,17 @@ line below.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.checkpoint.store import CheckpointStore, read_boot_id
-from agent.common.failpoints import Failpoints
+from agent.common.config import Config
+from agent.common.failpoints import FailpointConfigError, Failpoints
 from agent.common.metrics import Metrics
-from agent.plugin import PluginOptions, PluginServer
+from agent.daemon import machine
+from agent.daemon.options import DaemonError, NoAPIClaimSource, RunOptions
+from agent.plugin import APIClaimSource, PluginOptions, PluginServer
 from agent.plugin.driver import ClaimSource
 from agent.prepare.cdispecs import CDIClaimSpecs, DeviceEdits
 from agent.prepare.claimmetadata import ClaimMetadata
@@ -32,11 +35,14 @@ from agent.prepare.metadata import HOST_SUBDIR
 from agent.prepare.metadatafiles import HostMetadataFiles
 from agent.prepare.options import PrepareOptions
 from agent.prepare.preparer import DevicePreparer
+from cdi.edits import EditsProvider
 from discovery.model import Inventory
-from discovery.vfs import SriovControl
+from discovery.sources import Sources
+from discovery.vfs import SriovControl, SysfsSriov
 
-if TYPE_CHECKING:  # the health stream's servicer is built by the daemon, when health is on
+if TYPE_CHECKING:  # built by the daemon: the health stream's servicer, when health is on
     from agent.health.stream import HealthServicer
+    from agent.kube.transport import KubeHTTP
 
 
 def claim_metadata(options: PrepareOptions) -> ClaimMetadata:
@@ -98,3 +104,41 @@ def plugin_server(
     return PluginServer(plugin, preparer(prepare, inventory, edits, ordered, metrics=metrics,
                                          failpoints=failpoints),
                         claims, metrics, health_servicer=health_servicer, failpoints=failpoints)
+
+
+def node_plugin(
+    cfg: Config, run: RunOptions, sources: Sources, inventory: Callable[[], Inventory], *,
+    rescan: Callable[[], Inventory], client: KubeHTTP | None, metrics: Metrics,
+    health_servicer: HealthServicer | None, environ: Mapping[str, str],
+) -> tuple[PluginServer, DevicePreparer]:
+    """The plugin ``dra-agent run`` serves, and its preparer: every option of ``cfg`` and
+    ``run`` turned into the parts above, once. ``rescan`` reads the node again and publishes
+    what it found (VFs on demand read the VFs they made so)."""
+    try:
+        # Crash tests only: DRA_AGENT_FAILPOINTS makes the agent die at chosen steps.
+        failpoints = Failpoints.from_env(environ)
+    except FailpointConfigError as err:
+        raise DaemonError(str(err)) from err
+    edits = EditsProvider(
+        driver_root=run.driver_root, host_driver_root=run.host_driver_root,
+        simulated=bool(cfg.simulate), sysfs_root=cfg.sysfs_root,
+        simulated_nodes=machine.simulated_nodes(cfg),
+    )
+    prepare = PrepareOptions(
+        driver_name=cfg.driver_name, node_name=cfg.node_name, plugin_dir=cfg.plugin_dir,
+        cdi_dir=cfg.cdi_dir, boot_id_path=run.boot_id_path,
+        device_metadata=run.device_metadata, mps_pipe_dir=run.mps_pipe_dir,
+    )
+    mig = MigPartitions(sources.gpu, failpoints) \
+        if cfg.mig == "dynamic" and sources.gpu is not None else None
+    sriov = (sources.sriov or SysfsSriov(sources.sysfs_root)) if cfg.vfs == "dynamic" else None
+    plugin = PluginOptions(driver_name=cfg.driver_name, kubelet_dir=cfg.kubelet_dir,
+                           pod_uid=run.pod_uid, rolling_update=run.rolling_update,
+                           registration_timeout_s=run.registration_timeout_s)
+    claims = APIClaimSource(client) if client is not None else NoAPIClaimSource()
+    ordered = effects(inventory, metadata=claim_metadata(prepare),
+                      mps_pipe_dir=prepare.mps_pipe_dir, gpu_control=machine.gpu_control(cfg, run),
+                      mig=mig, sriov=sriov, rescan=rescan, failpoints=failpoints)
+    made = preparer(prepare, inventory, edits, ordered, metrics=metrics, failpoints=failpoints)
+    return PluginServer(plugin, made, claims, metrics, health_servicer=health_servicer,
+                        failpoints=failpoints), made

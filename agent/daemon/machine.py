@@ -1,0 +1,156 @@
+"""What this machine and its cluster give the agent's parts: where discovery reads the
+hardware, the API client, the tool that sets GPU time slices, stand-in device nodes, and the
+refusal to start beside a device plugin. Part of the composition root (``wiring`` assembles
+the parts from these); each is built once, by ``Daemon.start``.
+
+The imports below the module level are lazy for start-up: ``dra-agent run`` pays for each
+only when its option asks for it (NVML, the simulator, the kube client, explain's allocator).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent.common.config import Config
+from agent.daemon.options import DaemonError, RunOptions
+from discovery.model import Inventory
+from discovery.sources import Sources
+
+if TYPE_CHECKING:
+    from agent.kube.transport import KubeHTTP
+    from agent.prepare.gpucontrol import GpuControl
+    from cdi.simnodes import SimulatedNodes
+    from discovery.hotplug import DeviceEvents
+
+log = logging.getLogger("agent.daemon")
+
+#: ``--simulate`` with ``--mig dynamic``: where the simulated GPUs keep their MIG instances.
+SIMULATED_MIG_STATE = "simulated-mig-instances.json"
+#: ``--simulate``: where the simulated GPUs keep the time slices shares set.
+SIMULATED_GPU_STATE = "simulated-time-slices.json"
+
+
+def sources(cfg: Config, cleanups: list[Callable[[], None]]) -> Sources:
+    """The host's sysfs and NVML, or with ``--simulate`` a generated tree (removed by a
+    cleanup ``cleanups`` gains)."""
+    if cfg.simulate:
+        from discovery.simulate import scratch_dir, simulated_sources  # --simulate only
+
+        tmp = scratch_dir()
+        cleanups.append(tmp.cleanup)
+        # The simulated GPUs' MIG instances live beside the checkpoint, as a real GPU's
+        # outlive the agent: a restarted agent meets the instances it made.
+        state = cfg.plugin_dir / SIMULATED_MIG_STATE if cfg.mig == "dynamic" else None
+        if state is not None:
+            state.parent.mkdir(parents=True, exist_ok=True)
+        return simulated_sources(cfg.simulate, Path(tmp.name), mig_state=state)
+    from discovery.host import host_sources  # a real node only: NVML's loader
+
+    wants_nvml = bool({"gpu", "mig"} & set(cfg.device_types))
+    return host_sources(sysfs_root=cfg.sysfs_root, nvml=wants_nvml)
+
+
+def api_client(cfg: Config, environ: Mapping[str, str]) -> KubeHTTP | None:
+    """The one API client every part shares; None without credentials (each part says what
+    it cannot do then). A kubeconfig that cannot be loaded is a ``DaemonError``."""
+    # Lazy: the kubeconfig loaders are read only by a node that has one.
+    from agent.kube.client import KubeConfigError, resolve_source
+    from agent.kube.client import api_client as load
+
+    source = resolve_source(cfg.kubeconfig, environ)
+    if source.kind == "none":
+        return None  # the controller and each prepare say so
+    explicit = bool(cfg.kubeconfig.strip()) or bool(environ.get("KUBECONFIG"))
+    if source.kind == "kubeconfig" and not explicit and source.path is not None \
+            and not source.path.is_file():
+        log.warning("no kube credentials found (not in a pod, no KUBECONFIG, no "
+                    "~/.kube/config): controller inactive", extra={"tried": str(source.path)})
+        return None
+    try:
+        client = load(cfg, environ)
+    except KubeConfigError as err:
+        raise DaemonError(str(err)) from err
+    log.info("kube client", extra={"source": source.describe()})
+    return client
+
+
+def gpu_control(cfg: Config, run: RunOptions) -> GpuControl | None:
+    """What sets GPU-wide share settings: a recording stand-in on a simulated node,
+    nvidia-smi on a real one (None without it: a share asking for a time slice fails)."""
+    from agent.prepare.gpucontrol import NvidiaSmi, RecordingGpuControl, find_nvidia_smi
+
+    if cfg.simulate:  # beside the checkpoint: the GPUs outlive the agent
+        return RecordingGpuControl(cfg.plugin_dir / SIMULATED_GPU_STATE)
+    binary = find_nvidia_smi(run.driver_root)
+    return NvidiaSmi(binary) if binary is not None else None
+
+
+def simulated_nodes(cfg: Config) -> SimulatedNodes | None:
+    """--simulate-device-nodes: the stand-in device nodes' maker, in the plugin dir."""
+    if not cfg.simulate_device_nodes:
+        return None
+    from cdi.simnodes import SimulatedNodes
+
+    directory = cfg.simulated_dev_dir
+    log.info("simulated devices get stand-in device nodes (1:3) at prepare",
+             extra={"directory": str(directory)})
+    return SimulatedNodes(directory)
+
+
+def device_events(cfg: Config, run: RunOptions, stop: threading.Event) -> DeviceEvents:
+    """udev's events, for hotplug; none on a simulated tree (no uevent describes it) or
+    where netlink is not available (a sandbox without AF_NETLINK): the periodic rescan
+    then finds every change."""
+    from discovery.hotplug import NullEvents, UdevEvents  # pyudev: after the plugin serves
+
+    if cfg.simulate:
+        return NullEvents(stop)
+    try:
+        return UdevEvents()
+    except OSError as err:
+        log.warning("udev events unavailable; hotplug falls back to periodic rescans",
+                    extra={"error": str(err), "every_s": run.slow_rescan_s})
+        return NullEvents(stop)
+
+
+def refuse_device_plugin_overlap(cfg: Config, client: KubeHTTP | None,
+                                 inventory: Inventory) -> None:
+    """Refuse to start where a device plugin already serves what our classes offer as an
+    extended resource (agent/deviceplugins.py says why); before anything is published."""
+    from agent import deviceplugins as dp
+
+    advertised = dp.advertised_in_checkpoint(cfg.kubelet_dir)
+    if client is not None:
+        advertised = {**advertised, **dp.node_capacity(client, cfg.node_name)}
+    if not advertised:
+        return  # the usual node: no device plugin, nothing more to read
+    classes = dp.cluster_classes(client, _shipped) if client is not None else _shipped()
+    if not dp.mapped_classes(classes).keys() & advertised.keys():
+        return
+    # Lazy: only a node where a device plugin advertises a name one of the classes maps
+    # gets here; explain's allocator and its CEL engine are a quarter of a second.
+    from agent.explain.probe import selects_a_device
+    from agent.slices import Owner
+    from agent.slices.render import render_slices
+    from discovery.pools import build_resources
+
+    slices = render_slices(cfg.driver_name, Owner(name=cfg.node_name),
+                           build_resources(inventory, cfg.node_name))
+    overlaps = dp.find_overlaps(classes, advertised, dp.class_selects(
+        slices, cfg.node_name, selects_a_device))
+    for overlap in overlaps[1:]:
+        log.error("device-plugin overlap", extra={"resource": overlap.resource,
+                                                  "device_class": overlap.device_class})
+    if overlaps:
+        raise DaemonError(overlaps[0].message())
+
+
+def _shipped() -> list[Mapping[str, Any]]:
+    """The DeviceClasses in the package (deploy/base's), as plain dicts."""
+    from agent.explain.docs import packaged_classes  # the documents only, not the allocator
+
+    return [doc.obj for doc in packaged_classes()]
