@@ -35,6 +35,7 @@ from urllib.parse import quote
 from agent.common.quantity import QuantityError, parse_quantity
 from agent.common.safefile import UnsafeFileError, read_capped
 from agent.kube.errors import KubeAPIError
+from agent.kube.transport import KubeHTTP
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ def class_selects(slices: Sequence[Mapping[str, Any]], node_name: str, check: Se
     return selects
 
 
-def node_capacity(api: Any, node_name: str) -> dict[str, str]:
+def node_capacity(api: KubeHTTP, node_name: str) -> dict[str, str]:
     """The extended resources the Node advertises; {} (and one log line) when it cannot be
     read: the check must not keep a node from starting because the API server is slow."""
     try:
@@ -190,7 +191,7 @@ def node_capacity(api: Any, node_name: str) -> dict[str, str]:
 
 
 def cluster_classes(
-    api: Any, fallback: Callable[[], list[Mapping[str, Any]]],
+    api: KubeHTTP, fallback: Callable[[], list[Mapping[str, Any]]],
 ) -> list[Mapping[str, Any]]:
     """The cluster's DeviceClasses, or ``fallback()`` (the shipped ones) with one log line when
     they cannot be listed: the kubelet's own credentials (bare metal) may not list them."""

@@ -39,7 +39,7 @@ from urllib.parse import quote
 from agent.common.metrics import Metrics
 from agent.kube.apiversions import CLAIM_API_VERSIONS, ServedVersions, discovery_probe
 from agent.kube.errors import KubeAPIError, parse_status
-from agent.kube.transport import as_kubehttp
+from agent.kube.transport import KubeHTTP
 
 log = logging.getLogger(__name__)
 
@@ -153,11 +153,11 @@ def up_to_date(claim: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -
 
 
 class ClaimStatusWriter:
-    """Writes ``status.devices`` for NICs through a ``KubeHTTP`` (or an official ApiClient)."""
+    """Writes ``status.devices`` for NICs through a ``KubeHTTP``."""
 
     def __init__(
         self,
-        api_client: Any,
+        http: KubeHTTP,
         driver: str,
         node_name: str,
         *,
@@ -167,7 +167,7 @@ class ClaimStatusWriter:
         timeout_s: float = 5.0,
         now: Callable[[], str] = _rfc3339_now,
     ) -> None:
-        self._http = as_kubehttp(api_client)
+        self._http = http
         self.driver = driver
         self.node_name = node_name
         self.metrics = metrics or Metrics()

@@ -11,11 +11,11 @@ from urllib.parse import quote
 from agent.claim.model import ClaimFetchError, ClaimNotFoundError, ClaimRef
 from agent.kube.apiversions import CLAIM_API_VERSIONS, ServedVersions, discovery_probe
 from agent.kube.errors import KubeAPIError
-from agent.kube.transport import as_kubehttp
+from agent.kube.transport import KubeHTTP
 
 
 class APIClaimSource:
-    """GET of one ResourceClaim through a ``KubeHTTP`` (or an official ApiClient), as a dict.
+    """GET of one ResourceClaim through a ``KubeHTTP``, as a dict.
 
     The first API version the server serves is remembered; a 404 that is not about the claim
     itself (the version is not served) moves on to the next version.
@@ -23,12 +23,13 @@ class APIClaimSource:
 
     def __init__(
         self,
-        api_client: Any,
+        http: KubeHTTP,
         versions: Sequence[str] = CLAIM_API_VERSIONS,
         timeout_s: float = 10.0,
     ) -> None:
-        self.api_client = as_kubehttp(api_client)
-        self._http = self.api_client
+        #: Public: the framework writes the claims' status through the same client.
+        self.api_client = http
+        self._http = http
         #: Well under the kubelet's 45 s call deadline, so the claim still gets its own answer.
         self.timeout_s = timeout_s
         self._versions = ServedVersions(versions, probe=discovery_probe(self._http))

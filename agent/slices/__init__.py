@@ -1,7 +1,7 @@
 """The embedded ResourceSlice controller (the Python counterpart of the upstream
 ``k8s.io/dynamic-resource-allocation/resourceslice`` package).
 
-    controller = start(api_client, "dra-agent.io", Owner(name=node), resources)
+    controller = start(http, "dra-agent.io", Owner(name=node), resources)
     controller.update(new_resources)   # non-blocking; the controller takes ownership
     controller.synced(5.0)             # True once the API server holds the desired state
     controller.stop()                  # returns when every thread has ended
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from agent.common.metrics import Metrics
+from agent.kube.transport import KubeHTTP
 from agent.slices.api import ApiError, KubeSliceClient, SliceClient
 from agent.slices.chunk import chunk_devices
 from agent.slices.controller import Controller
@@ -27,7 +27,7 @@ from discovery.model import DriverResources
 
 
 def start(
-    api_client: Any | None,
+    api: KubeHTTP | SliceClient | None,
     driver: str,
     owner: Owner | None,
     resources: DriverResources | None,
@@ -41,17 +41,13 @@ def start(
 ) -> Controller:
     """Start publishing ``resources`` for ``driver``; returns at once.
 
-    ``api_client`` is a ``kubernetes.client.ApiClient`` (or any ``SliceClient``); None gives
+    ``api`` is the agent's ``KubeHTTP`` (or any ``SliceClient``, which tests pass); None gives
     an inactive controller that says so once (kubelet standalone mode). Errors found in the
     background go to ``on_error``; the controller retries what can succeed by retrying.
     ``list_attributes`` publishes list-valued attributes (numaNode) as lists (True) or as
     their scalar (False); None asks the server once, by a dry-run create (listattrs.py).
     """
-    client: SliceClient | None
-    if api_client is None or isinstance(api_client, SliceClient):
-        client = api_client
-    else:
-        client = KubeSliceClient(api_client)
+    client = KubeSliceClient(api) if isinstance(api, KubeHTTP) else api
     return Controller(
         client, driver, owner, resources, metrics=metrics, resync_period_s=resync_period_s,
         stop_event=stop_event, on_error=on_error, timing=timing,

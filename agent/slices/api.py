@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 from agent.kube.errors import TRANSIENT_STATUSES, Cause, KubeAPIError, parse_status
 from agent.kube.stream import LineStream
-from agent.kube.transport import DEFAULT_TIMEOUT, as_kubehttp
+from agent.kube.transport import DEFAULT_TIMEOUT, KubeHTTP
 from agent.slices.versions import GROUP, from_wire, to_wire
 
 #: (connect, read) seconds for ordinary requests; a stuck server must not stall the worker.
@@ -89,12 +89,12 @@ def _item(version: str, name: str) -> str:
 
 
 class KubeSliceClient:
-    """``SliceClient`` over a ``KubeHTTP`` (or a ``kubernetes.client.ApiClient``)."""
+    """``SliceClient`` over a ``KubeHTTP``."""
 
     def __init__(
-        self, api_client: Any, field_manager: str = "dra-agent", page_size: int = LIST_PAGE_SIZE
+        self, http: KubeHTTP, field_manager: str = "dra-agent", page_size: int = LIST_PAGE_SIZE
     ) -> None:
-        self._http = as_kubehttp(api_client)
+        self._http = http
         self._field_manager = field_manager
         self._page_size = page_size
 

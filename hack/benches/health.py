@@ -60,7 +60,7 @@ class _Rig:
 
         self.inventory = discover(sources)
         self.srv = srv
-        self.controller = slices.start(srv.api_client(), DRIVER, slices.Owner(name=NODE), None,
+        self.controller = slices.start(srv.kube(), DRIVER, slices.Owner(name=NODE), None,
                                        metrics=Metrics(), resync_period_s=3600)
         self.monitor = HealthMonitor(sources, DRIVER, options, self._changed)
         self.monitor.start(lambda: self.inventory)

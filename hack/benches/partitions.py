@@ -87,7 +87,7 @@ def _prepare(root: Path, rounds: int) -> list[Figure]:
     gpu: list[float] = []
     mig: list[float] = []
     with (FakeAPIServer() as srv,
-          served(root, lambda: inventory, srv.api_client(),
+          served(root, lambda: inventory, srv.kube(),
                  mig=MigPartitions(sources.gpu)) as (serving, kubelet)):
         server = serving  # what owned() reads
         for i in range(rounds + 5):

@@ -27,6 +27,7 @@ from typing import Any
 from agent.claim.model import ClaimRef
 from agent.common.metrics import Metrics
 from agent.daemon.wiring import plugin_server
+from agent.kube.transport import KubeHTTP
 from agent.plugin import PluginOptions, PluginServer
 from agent.plugin.apiclaims import APIClaimSource
 from agent.prepare import EnvOnlyEdits
@@ -47,7 +48,7 @@ def prepare_options(root: Path, **changes: Any) -> PrepareOptions:
 
 
 @contextmanager
-def served(root: Path, inventory: Callable[[], Inventory], api_client: Any,
+def served(root: Path, inventory: Callable[[], Inventory], api: KubeHTTP,
            max_workers: int = 16, **server_args: Any) -> Iterator[tuple[PluginServer, Any]]:
     """The plugin on real unix sockets under ``root`` (kubelet dir, CDI dir, boot ID there),
     registered with the kubelet stand-in: (server, kubelet); both stopped on the way out.
@@ -59,7 +60,7 @@ def served(root: Path, inventory: Callable[[], Inventory], api_client: Any,
     options = PluginOptions(driver_name=DRIVER, kubelet_dir=root / "kubelet",
                             max_workers=max_workers)
     server = plugin_server(options, prepare_options(root), inventory, EnvOnlyEdits(),
-                           APIClaimSource(api_client), metrics=Metrics(), **server_args)
+                           APIClaimSource(api), metrics=Metrics(), **server_args)
     server.start()
     kubelet = KubeletStandIn(options.kubelet_dir / "plugins_registry").start()
     try:
@@ -113,7 +114,7 @@ def run(quick: bool) -> list[Figure]:
     figures: list[Figure] = []
     try:
         with FakeAPIServer() as srv:
-            api = srv.api_client()
+            api = srv.kube()
             with served(root, lambda: Inventory(devices=devices), api, callers) as (_, kubelet):
                 figures += _latency(srv, api, kubelet, root, rounds)
                 figures += _throughput(srv, kubelet, callers, per_caller)
@@ -122,7 +123,7 @@ def run(quick: bool) -> list[Figure]:
     return figures
 
 
-def _floor_step(srv: Any, api: Any, root: Path) -> Callable[[], object]:
+def _floor_step(srv: Any, api: KubeHTTP, root: Path) -> Callable[[], object]:
     """One floor operation: GET the claim, write two small files durably."""
     source = APIClaimSource(api)
     claim = srv.put_object(_claim("floor", ["gpu-0"]))
@@ -139,7 +140,7 @@ def _floor_step(srv: Any, api: Any, root: Path) -> Callable[[], object]:
     return once
 
 
-def _latency(srv: Any, api: Any, kubelet: Any, root: Path, rounds: int) -> list[Figure]:
+def _latency(srv: Any, api: KubeHTTP, kubelet: Any, root: Path, rounds: int) -> list[Figure]:
     """Floor, prepare and unprepare measured in turn, round by round, so that a noisy
     neighbour (2 shared cores) hits all of them alike."""
     floor_once = _floor_step(srv, api, root)

@@ -68,7 +68,7 @@ def run(quick: bool) -> list[Figure]:
     devices = (shared, plain[1])
     try:
         with (FakeAPIServer() as srv,
-              served(root, lambda: Inventory(devices=devices), srv.api_client(),
+              served(root, lambda: Inventory(devices=devices), srv.kube(),
                      CALLERS) as (_, kubelet)):
             figures = _latency(srv, kubelet, rounds)
             figures += _concurrent(srv, kubelet, root / "kubelet")

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from agent.kube.transport import KubeHTTP, as_kubehttp
 from agent.slices import Controller, Owner, chunk_devices, start
 from agent.slices.api import ApiError, KubeSliceClient, SliceList, WatchStream
 from discovery.model import DriverResources, Pool
@@ -63,8 +64,8 @@ def _resources(count: int) -> DriverResources:
 class CountingClient(KubeSliceClient):
     """The controller's real client, counting the requests it sends by verb."""
 
-    def __init__(self, api_client: Any) -> None:
-        super().__init__(api_client)
+    def __init__(self, http: KubeHTTP) -> None:
+        super().__init__(http)
         self.counts: collections.Counter[str] = collections.Counter()
 
     def served_versions(self) -> list[str]:
@@ -106,8 +107,8 @@ class CountingClient(KubeSliceClient):
 class Observer:
     """A scheduler's view: ``node``'s slices as a watch delivers them."""
 
-    def __init__(self, api_client: Any, node: str = NODE) -> None:
-        self._client = KubeSliceClient(api_client)
+    def __init__(self, http: KubeHTTP, node: str = NODE) -> None:
+        self._client = KubeSliceClient(http)
         self._node = node
         self._cond = threading.Condition()
         self._devices: dict[str, tuple[int, int]] = {}  # name -> (devices, sliceCount)
@@ -186,8 +187,9 @@ def _controller(client: CountingClient, resources: DriverResources | None) -> Co
 
 def _publish_figures(count: int) -> list[Figure]:
     with fake_server() as api_client:
-        client = CountingClient(api_client)
-        observer = Observer(api_client)
+        http = as_kubehttp(api_client)  # the official backend, as FakeAPIServer.kube() gives
+        client = CountingClient(http)
+        observer = Observer(http)
         controller = _controller(client, DriverResources({}))
         try:
             controller.synced(30)
@@ -214,8 +216,9 @@ def _steady_and_wipe(window_s: float, rounds: int) -> list[Figure]:
 
     figures: list[Figure] = []
     with fake_server() as api_client:
-        client = CountingClient(api_client)
-        observer = Observer(api_client)
+        http = as_kubehttp(api_client)  # the official backend, as FakeAPIServer.kube() gives
+        client = CountingClient(http)
+        observer = Observer(http)
         controller = _controller(client, _resources(2048))
         try:
             controller.synced(60)

@@ -25,7 +25,7 @@ def srv() -> Iterator[FakeAPIServer]:
 
 def test_get_claim_from_api_server(srv: FakeAPIServer) -> None:
     claim = srv.put_object(make_claim("c1", ["gpu-0"]))
-    source = APIClaimSource(srv.api_client())
+    source = APIClaimSource(srv.kube())
     got = source.get(ClaimRef("default", "c1", claim["metadata"]["uid"]))
     assert got["metadata"]["uid"] == claim["metadata"]["uid"]
     assert got["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
@@ -37,13 +37,13 @@ def test_server_errors_become_claim_errors(srv: FakeAPIServer) -> None:
     claim = srv.put_object(make_claim("c1", ["gpu-0"]))
     srv.fail_next(1, 500, verb="get")
     with pytest.raises(ClaimFetchError, match="500"):
-        APIClaimSource(srv.api_client()).get(ClaimRef("default", "c1", claim["metadata"]["uid"]))
+        APIClaimSource(srv.kube()).get(ClaimRef("default", "c1", claim["metadata"]["uid"]))
 
 
 def test_falls_back_to_an_older_served_version() -> None:
     with FakeAPIServer(served_resource_versions=("v1beta1",)) as old:
         claim = old.put_object(make_claim("c1", ["gpu-0"]))
-        got = APIClaimSource(old.api_client()).get(
+        got = APIClaimSource(old.kube()).get(
             ClaimRef("default", "c1", claim["metadata"]["uid"]))
         assert got["metadata"]["name"] == "c1"
 
@@ -58,7 +58,7 @@ def test_plugin_with_api_server_prepares_and_unprepares_without_it(
     n.server.stop(0)
     server = plugin_server(n.options, n.prepare_options,
                            lambda: Inventory(devices=(gpu(0), gpu(1))), NodeEdits(),
-                           APIClaimSource(srv.api_client()), metrics=Metrics())
+                           APIClaimSource(srv.kube()), metrics=Metrics())
     server.start()
     try:
         with KubeletStandIn(n.options.kubelet_dir / "plugins_registry") as kubelet:
@@ -77,7 +77,7 @@ def test_a_stray_404_does_not_drop_a_served_version(srv: FakeAPIServer) -> None:
     """A 404 not naming the claim (a proxy, an upgrade in progress) fails this GET only:
     discovery still lists v1, so v1 stays the version used."""
     claim = srv.put_object(make_claim("c1", ["gpu-0"]))
-    source = APIClaimSource(srv.api_client())
+    source = APIClaimSource(srv.kube())
     target = ClaimRef("default", "c1", claim["metadata"]["uid"])
     srv.fail_next(1, 404, verb="get", path_contains="/v1/")
     with pytest.raises(ClaimFetchError, match="404"):
@@ -100,7 +100,7 @@ def test_impossible_claim_names_never_reach_the_api_server(
     n.kubelet.stop()
     n.server.stop(0)
     server = plugin_server(n.options, n.prepare_options, lambda: Inventory(devices=(gpu(0),)),
-                           NodeEdits(), APIClaimSource(srv.api_client()), metrics=Metrics())
+                           NodeEdits(), APIClaimSource(srv.kube()), metrics=Metrics())
     server.start()
     try:
         with KubeletStandIn(n.options.kubelet_dir / "plugins_registry") as kubelet:

@@ -66,7 +66,7 @@ def agent(short_root: Path) -> Iterator[Agent]:
         server = plugin_server(
             n.options, n.prepare_options,
             lambda: Inventory(devices=(gpu(0), nic(0), nic(1))), NodeEdits(),
-            APIClaimSource(srv.api_client()), metrics=metrics,
+            APIClaimSource(srv.kube()), metrics=metrics,
         )
         server.start()
         try:
@@ -157,7 +157,7 @@ def test_older_server_gets_the_status_in_its_version() -> None:
         fetched = srv.get_object("resourceclaims", "net", "default", version="v1beta1")
         assert fetched is not None
         fetched = {**fetched, "apiVersion": "resource.k8s.io/v1"}  # read with a newer client
-        writer = ClaimStatusWriter(srv.api_client(), DRIVER, NODE)
+        writer = ClaimStatusWriter(srv.kube(), DRIVER, NODE)
         assert writer.report(fetched, [NicStatus(NODE, "nic-0", interface_name="ens0")])
         assert status_devices(srv, "net")[0]["networkData"] == {"interfaceName": "ens0"}
         assert claim["metadata"]["uid"]

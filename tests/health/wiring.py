@@ -61,7 +61,7 @@ class Wiring:
         self.node = node
         self.metrics = Metrics()
         self.errors: list[Exception] = []
-        self.controller = slices.start(srv.api_client(), DRIVER, Owner(name=NODE), None,
+        self.controller = slices.start(srv.kube(), DRIVER, Owner(name=NODE), None,
                                        metrics=self.metrics, on_error=self.errors.append,
                                        timing=FAST, resync_period_s=3600)
         self.monitor = HealthMonitor(node.sources, DRIVER, options, self.changed, self.metrics)

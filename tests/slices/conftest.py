@@ -57,7 +57,7 @@ class Harness:
         kw.setdefault("timing", FAST)
         kw.setdefault("resync_period_s", 3600)
         controller = start(
-            server.api_client(), DRIVER, owner if owner is not None else Owner(name=NODE),
+            server.kube(), DRIVER, owner if owner is not None else Owner(name=NODE),
             resources, metrics=self.metrics, on_error=self.errors.append, **kw,
         )
         self.controllers.append(controller)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from agent.kube.transport import as_kubehttp
 from agent.slices.api import ApiError, KubeSliceClient
 from tests.fakes.apiserver import FakeAPIServer
 from tests.slices.helpers import DRIVER, NODE, devices
@@ -24,7 +25,7 @@ def slice_obj(n: int = 1, **spec: Any) -> dict[str, Any]:
 
 
 def test_create_update_delete_round_trip(srv: FakeAPIServer) -> None:
-    client = KubeSliceClient(srv.api_client())
+    client = KubeSliceClient(srv.kube())
     assert client.served_versions() == ["v1"]
     created = client.create("v1", slice_obj(2))
     name = created["metadata"]["name"]
@@ -49,7 +50,7 @@ def test_create_update_delete_round_trip(srv: FakeAPIServer) -> None:
 
 
 def test_invalid_slice_gives_422_with_the_fields(srv: FakeAPIServer) -> None:
-    client = KubeSliceClient(srv.api_client())
+    client = KubeSliceClient(srv.kube())
     with pytest.raises(ApiError) as info:
         client.create("v1", slice_obj(129))
     err = info.value
@@ -58,7 +59,7 @@ def test_invalid_slice_gives_422_with_the_fields(srv: FakeAPIServer) -> None:
 
 
 def test_list_follows_continue_tokens(srv: FakeAPIServer) -> None:
-    client = KubeSliceClient(srv.api_client(), page_size=2)
+    client = KubeSliceClient(srv.kube(), page_size=2)
     for _ in range(5):
         client.create("v1", slice_obj(1))
     result = client.list("v1", SELECTOR)
@@ -68,7 +69,7 @@ def test_list_follows_continue_tokens(srv: FakeAPIServer) -> None:
 
 
 def test_watch_delivers_events_and_expiry(srv: FakeAPIServer) -> None:
-    client = KubeSliceClient(srv.api_client())
+    client = KubeSliceClient(srv.kube())
     start_rv = client.list("v1", SELECTOR).resource_version
     created = client.create("v1", slice_obj(1))
     stream = client.watch("v1", SELECTOR, start_rv, 5)
@@ -91,10 +92,10 @@ def test_no_server_is_a_transient_error_with_status_0() -> None:
     configuration.host = f"http://127.0.0.1:{port}"
     configuration.retries = False
     with pytest.raises(ApiError) as info:
-        KubeSliceClient(k8s.ApiClient(configuration)).served_versions()
+        KubeSliceClient(as_kubehttp(k8s.ApiClient(configuration))).served_versions()
     assert info.value.status == 0 and info.value.transient
 
 
 def test_an_older_client_is_refused_at_once() -> None:
     with pytest.raises(TypeError, match=">= 37"):
-        KubeSliceClient(object())
+        KubeSliceClient(as_kubehttp(object()))

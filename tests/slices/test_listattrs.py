@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from agent.kube.transport import as_kubehttp
 from agent.slices import ApiError, KubeSliceClient, Owner, RejectedSliceError
 from agent.slices.listattrs import probe_object, server_takes_lists
 from discovery.model import NUMA_NODE, Device, DeviceType, DriverResources, Inventory
@@ -164,7 +165,7 @@ def probe(client: Any, caplog: pytest.LogCaptureFixture) -> tuple[bool, list[str
 def test_probe_answered_500_is_the_scalar_and_one_line(srv: FakeAPIServer,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     srv.fail_next(1, 500, verb="create")
-    answer, lines = probe(KubeSliceClient(srv.api_client()), caplog)
+    answer, lines = probe(KubeSliceClient(srv.kube()), caplog)
     assert answer is False
     assert len(lines) == 1 and lines[0].startswith("WARNING list attribute probe failed")
     assert "InternalError" in lines[0]
@@ -192,7 +193,7 @@ def test_probe_answered_with_html_is_the_scalar_and_one_line(
     try:
         config = k8s.Configuration()
         config.host = f"http://127.0.0.1:{server.server_address[1]}"
-        answer, lines = probe(KubeSliceClient(k8s.ApiClient(config)), caplog)
+        answer, lines = probe(KubeSliceClient(as_kubehttp(k8s.ApiClient(config))), caplog)
     finally:
         server.shutdown()
         server.server_close()
@@ -206,7 +207,7 @@ def test_probe_of_a_server_that_is_down_is_the_scalar_and_one_line(
 
     config = k8s.Configuration()
     config.host = "http://127.0.0.1:9"  # discard port: nothing listens
-    answer, lines = probe(KubeSliceClient(k8s.ApiClient(config)), caplog)
+    answer, lines = probe(KubeSliceClient(as_kubehttp(k8s.ApiClient(config))), caplog)
     assert answer is False and len(lines) == 1 and "probe failed" in lines[0]
 
 

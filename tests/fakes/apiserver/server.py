@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from agent.kube.transport import KubeHTTP, as_kubehttp
+
 from .convert import from_version, to_version
 from .engine import Engine, RequestRecord, Rule
 from .errors import APIError
@@ -141,6 +143,11 @@ class FakeAPIServer:
         configuration = client.Configuration()
         configuration.host = self.url
         return client.ApiClient(configuration)
+
+    def kube(self) -> KubeHTTP:
+        """The agent's client for this server: a ``KubeHTTP`` over ``api_client()``, so that
+        what a test hands to agent code goes through the official backend (OfficialBackend)."""
+        return as_kubehttp(self.api_client())
 
     # -- fault hooks ---------------------------------------------------------------------------
 
