@@ -25,8 +25,10 @@ import pytest
 from agent.checkpoint.codec import checksum
 from agent.claim.parse import parse_claim
 from agent.prepare import DevicePreparer
+from agent.prepare.effects.vfs import VfEffect
 from agent.prepare.gpucontrol import RecordingGpuControl
 from cdi.edits import EditsProvider
+from discovery.gpulib import CI_PROFILE_FULL, Placement
 from discovery.scan import DiscoveryOptions, discover
 from discovery.sharing import parse_sharing_list
 from discovery.simulate import simulated_sources
@@ -315,3 +317,93 @@ def test_a_prepared_claims_unreadable_config_does_not_stop_start_up(
     assert [uid for uid, _ in report.not_rebuilt] == [done.uid]
     with pytest.raises(Exception, match="already prepared"):
         rebooted.prepare(parse_claim(make_claim("other", ["gpu-0"])))
+
+
+# -- MIG: what a record without ids may destroy --------------------------------------------------
+
+
+def empty_gi(node: MigNode, gpu: int, profile: int, start: int, size: int,
+             with_ci: bool = False) -> None:
+    """A GI made at the placement (as a prepare that died before recording its id left it),
+    with its compute instance when ``with_ci``."""
+    nvml = node.nvml
+    nvml.init()
+    handle = nvml.device_handle_by_index(gpu)
+    gi = nvml.create_gpu_instance_with_placement(handle, profile, Placement(start, size))
+    if with_ci:
+        nvml.create_compute_instance(handle, gi.id, CI_PROFILE_FULL[1])
+    nvml.shutdown()
+
+
+@pytest.mark.parametrize(("with_ci", "boot", "also_named", "destroyed"), [
+    (False, "boot-1", False, True),  # the prepare that died between the create and its id
+    (True, "boot-1", False, False),  # a compute instance: someone's, maybe running
+    (False, "boot-0", False, False),  # another boot: it cleared what the record made
+    (False, "boot-1", True, False),  # a prepared claim names that placement too
+], ids=["empty", "with-ci", "other-boot", "named-twice"])
+def test_a_record_without_ids_destroys_only_an_empty_gi_of_its_own_boot(
+        tmp_path: Path, with_ci: bool, boot: str, also_named: bool, destroyed: bool) -> None:
+    node = mig_node(tmp_path)
+    node.preparer.checkpoint.update(lambda claims: None)
+    empty_gi(node, 1, 19, 2, 1, with_ci=with_ci)
+    intent = partition(node, 1, 19, 2, 1, 1)
+    records = [record("", device("gpu-1-mig-1g10gb-2", migPartition=intent), boot=boot)]
+    if also_named:
+        records.append(record("", device("gpu-1-mig-1g10gb-2", migPartition=intent),
+                              state="PrepareCompleted"))
+    plant(node.preparer, records, valid_checksum=True)
+    restarted = mig_node(tmp_path)
+    restarted.preparer.recover()
+    assert (restarted.migs(1) == []) is destroyed, restarted.migs(1)
+
+
+# -- VFs: the driver a VF goes back to -----------------------------------------------------------
+
+
+class RecordingSriov(SimulatedSriov):
+    """The simulated kernel, with every call that changes it written down."""
+
+    def __init__(self, sysfs_root: Path) -> None:
+        super().__init__(sysfs_root)
+        self.calls: list[tuple[str, ...]] = []
+
+    def bind(self, function: str, driver: str) -> None:
+        self.calls.append(("bind", function, driver))
+        super().bind(function, driver)
+
+    def set_vf_rate(self, pf: str, index: int, max_mbps: int) -> None:
+        self.calls.append(("rate", pf, str(index), str(max_mbps)))
+        super().set_vf_rate(pf, index, max_mbps)
+
+    def reset_vf_mac(self, pf: str, index: int) -> None:
+        self.calls.append(("mac", pf, str(index)))
+        super().reset_vf_mac(pf, index)
+
+
+@pytest.mark.parametrize("driver", ["../../../../x", "ixgbevf", "", "vfio-pci\n", ".."])
+def test_a_vf_goes_back_only_to_a_driver_the_kernel_has(tmp_path: Path, driver: str) -> None:
+    """The driver is written to driver_override before anything can refuse it: a name that
+    is no driver under /sys/bus/pci/drivers is never handed to the kernel."""
+    preparer = vf_node(tmp_path)
+    sriov = RecordingSriov(tmp_path / "sim/sys")
+    [vfs] = [e for e in preparer.effects if isinstance(e, VfEffect)]
+    vfs.control = sriov
+    sriov.bind("0000:3b:08.2", "vfio-pci")  # rebound by a prepare that then died
+    sriov.calls.clear()
+    planted = record("", device("vf-0000-3b-08-2", pciAddress="0000:3b:08.2",
+                                vfRestoreDriver=driver))
+    plant(preparer, [planted], valid_checksum=True)
+    preparer.recover()
+    assert sriov.calls == [], sriov.calls
+    assert sriov.driver("0000:3b:08.2") == "vfio-pci"
+
+
+def test_a_vf_goes_back_to_its_recorded_driver(tmp_path: Path) -> None:
+    """The same record with a driver the kernel has: the rollback gives the VF back."""
+    preparer = vf_node(tmp_path)
+    sriov = SimulatedSriov(tmp_path / "sim/sys")
+    sriov.bind("0000:3b:08.2", "vfio-pci")
+    plant(preparer, [record("", device("vf-0000-3b-08-2", pciAddress="0000:3b:08.2",
+                                       vfRestoreDriver="mlx5_core"))], valid_checksum=True)
+    vf_preparer(tmp_path).recover()
+    assert sriov.driver("0000:3b:08.2") == "mlx5_core"
