@@ -12,6 +12,10 @@ that driver before it is handed out (driver_override, unbind, drivers_probe); th
 had is kept in the record and restored at unprepare, and the VF's MAC (what a pod set) is
 unset on its PF, so the VF goes back to the pool as it was. Without ``vf.driver`` the VF is
 handed out as it is.
+
+What a release does is checked against what discovery publishes now, never taken from the
+record alone (``vf_problem``): the VF, its address, its PF and index, the driver it goes back
+to. A record naming anything else (a PF, a path, another VF's cap) changes nothing.
 """
 
 from __future__ import annotations
