@@ -58,6 +58,9 @@ EXTRA_TOTAL = "sriovTotalVFs"
 #: HostInfo.extra of a VF under --vf-bandwidth: the cap prepare sets, in Mbit/s.
 EXTRA_RATE = "vfMaxTxRateMbps"
 _RATE = re.compile(r"([1-9][0-9]{0,9})([MGT])")
+#: A kernel driver's name as one path segment under /sys/bus/pci/drivers: no "/", never
+#: "." or "..".
+DRIVER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}", re.ASCII)
 _MBPS = {"M": 1, "G": 1000, "T": 1000_000}
 
 
@@ -195,6 +198,7 @@ class SriovControl(Protocol):
     def set_num_vfs(self, pf: str, count: int) -> None: ...
     def exists(self, function: str) -> bool: ...
     def driver(self, function: str) -> str | None: ...
+    def has_driver(self, driver: str) -> bool: ...
     def bind(self, function: str, driver: str) -> None: ...
     def reset_vf_mac(self, pf: str, index: int) -> None: ...
     def set_vf_rate(self, pf: str, index: int, max_mbps: int) -> None: ...
@@ -225,6 +229,11 @@ class SysfsSriov:
     def driver(self, function: str) -> str | None:
         link = self._pf(function) / "driver"
         return os.path.basename(os.readlink(link)) if link.is_symlink() else None
+
+    def has_driver(self, driver: str) -> bool:
+        """``driver`` is a PCI driver the kernel has (``/sys/bus/pci/drivers/<driver>``)."""
+        return bool(DRIVER_NAME.fullmatch(driver)) and \
+            (self.sysfs_root / "bus" / "pci" / "drivers" / driver).is_dir()
 
     def bind(self, function: str, driver: str) -> None:
         """``driver_override``, unbind from the current driver, ``drivers_probe``: the

@@ -22,6 +22,9 @@ Decisions, each answering a bug an existing driver shipped:
   surrogate (``\\ud800`` parses, but can never be written back), a record its type refuses
   (``agent.checkpoint.model``): each is a ``CheckpointCorruptError``, never another exception
   that stops the agent.
+* **Nothing read is dropped.** ``salvage`` keeps every record of a corrupt file, recovered; a
+  record it cannot read is kept as *unreadable*, holding the devices it names
+  (``agent.checkpoint.unreadable``): a dropped record would free them for another claim.
 
 The records are ``agent.checkpoint.model``; file I/O, locking and corruption handling live in
 ``agent.checkpoint.store``.
@@ -36,6 +39,7 @@ from dataclasses import replace
 from typing import Any
 
 from agent.checkpoint.model import SCHEMA_VERSION, CheckpointData, ClaimRecord
+from agent.checkpoint.unreadable import unreadable_record
 
 
 class CheckpointCorruptError(Exception):
@@ -95,28 +99,34 @@ def decode(raw: bytes, path: str = "checkpoint") -> CheckpointData:
 
 
 def salvage(raw: bytes) -> dict[str, ClaimRecord]:
-    """Best effort: the records of a corrupt file that still parse on their own.
+    """Best effort: the records of a corrupt file, each *recovered*.
 
-    Used only to keep devices of surviving records marked as taken; a salvaged record is never
-    trusted as proof that a claim is prepared (its spec is rewritten on the next prepare).
+    Used only to keep the devices of those records taken; a salvaged record is never trusted
+    as proof that a claim is prepared (its spec is rewritten on the next prepare), nor as
+    what to change on the host. A record that does not parse on its own, or could not be
+    written back, is kept as *unreadable* (``agent.checkpoint.unreadable``): the devices it
+    names stay taken. So is whatever ``claims`` holds when it is not an object.
     """
     try:
         doc = _loads(raw, "checkpoint")
     except CheckpointCorruptError:
         return {}
     claims = doc.get("claims") if isinstance(doc, dict) else None
-    if not isinstance(claims, dict):
+    if claims is None:
         return {}
+    if not isinstance(claims, dict):
+        record = unreadable_record(None, claims, "claims is not an object")
+        return {record.uid: record} if record.devices else {}
     out: dict[str, ClaimRecord] = {}
     for uid, rec in claims.items():
         try:
             record = replace(ClaimRecord.from_json(str(uid), rec), recovered=True)
-            # Kept only if it can be written back: one bad string must not make every later
-            # write of the checkpoint fail.
+            # Kept as it is only if it can be written back: one bad string must not make
+            # every later write of the checkpoint fail.
             json.dumps(record.to_json(), ensure_ascii=False).encode()
-        except (ValueError, TypeError, RecursionError):  # UnicodeEncodeError is a ValueError
-            continue
-        out[str(uid)] = record
+        except (ValueError, TypeError, RecursionError) as err:  # UnicodeEncodeError is one
+            record = unreadable_record(uid, rec, str(err), taken={*claims, *out})
+        out[record.uid] = record
     return out
 
 

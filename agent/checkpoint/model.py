@@ -18,7 +18,9 @@ Decisions, each answering a bug an existing driver shipped:
   They ride in the device's extra fields, so older readers keep them.
 * **A record the kubelet-facing path would refuse is refused here.** A claim UID or name that
   no request could carry (a NUL in a UID would otherwise reach a path at start-up), a
-  ``specPath`` with a NUL, metadata names that are not DNS labels.
+  ``specPath`` with a NUL, metadata names that are not DNS labels. The file is then corrupt,
+  and the refused record is kept as *unreadable* (``agent.checkpoint.unreadable``): never
+  dropped, since that would free its devices.
 """
 
 from __future__ import annotations
@@ -174,6 +176,9 @@ class ClaimRecord:
     #: Device metadata files written for the claim; None when none were (the feature off, or
     #: a record written before it existed: such a claim is rebuilt without them).
     metadata: MetadataRecord | None = None
+    #: Why this record could not be read when it was found (``agent.checkpoint.unreadable``):
+    #: it is kept, always ``recovered``, for the devices it names alone. None for every other.
+    unreadable: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -204,6 +209,8 @@ class ClaimRecord:
             out["allocation"] = dict(self.allocation)
         if self.metadata is not None:
             out["deviceMetadata"] = self.metadata.to_json()
+        if self.unreadable is not None:
+            out["unreadable"] = self.unreadable
         return out
 
     @classmethod
@@ -211,7 +218,7 @@ class ClaimRecord:
         obj = read_mapping(data, f"claim {uid}")
         known = {
             "uid", "namespace", "name", "state", "devices", "cdiAnnotations", "specPath",
-            "bootID", "updated", "recovered", "allocation", "deviceMetadata",
+            "bootID", "updated", "recovered", "allocation", "deviceMetadata", "unreadable",
         }
         state_text = read_str(obj, "state")
         try:
@@ -240,6 +247,9 @@ class ClaimRecord:
         spec_path = read_opt_str(obj, "specPath") or ""
         if "\0" in spec_path:
             raise ValueError(f"claim {uid}: specPath holds a NUL byte")
+        unreadable = read_opt_str(obj, "unreadable")
+        if unreadable is not None and not recovered:
+            raise ValueError(f"claim {uid}: an unreadable record is always recovered")
         return cls(
             uid=uid,
             namespace=namespace,
@@ -254,6 +264,7 @@ class ClaimRecord:
             allocation=allocation,
             metadata=None if obj.get("deviceMetadata") is None
             else MetadataRecord.from_json(obj["deviceMetadata"], uid),
+            unreadable=unreadable,
             extra={k: v for k, v in obj.items() if k not in known},
         )
 

@@ -8,7 +8,9 @@ not exclude anybody.
 
 A corrupt file never stops the agent and is never silently reset: it is renamed to
 ``<checkpoint>.corrupt-<unix ts>``, counted, logged, and the records that still parse are kept
-as *recovered* (their devices stay taken; the next prepare of such a claim starts over).
+as *recovered* (their devices stay taken; the next prepare of such a claim starts over), a
+record that does not parse as *unreadable* (``agent.checkpoint.unreadable``: its devices
+stay taken too, one log line says so).
 "Corrupt" includes anything planted at the name (``agent.common.safefile``): a symlink, a FIFO, a
 device, a file over ``MAX_CHECKPOINT_BYTES``.
 
@@ -40,6 +42,7 @@ from typing import TypeVar
 
 from agent.checkpoint.codec import CheckpointCorruptError, decode, encode, salvage
 from agent.checkpoint.model import CheckpointData, ClaimRecord
+from agent.checkpoint.unreadable import HELD_LINE
 from agent.common.filelock import lock, open_lock, unlock
 from agent.common.metrics import Metrics
 from agent.common.safefile import UnsafeFileError, read_capped
@@ -249,6 +252,7 @@ class CheckpointStore:
                 extra={"path": str(self.path), "cause": str(move_err)},
             )
         recovered = salvage(raw)
+        unreadable = [r for r in recovered.values() if r.unreadable is not None]
         log.error(
             "checkpoint corrupt; kept a copy, recovered records stay reserved until re-prepared",
             extra={
@@ -256,8 +260,11 @@ class CheckpointStore:
                 "copy": str(copy),
                 "cause": str(err),
                 "recovered_claims": len(recovered),
+                "unreadable_claims": len(unreadable),
             },
         )
+        for record in unreadable:
+            log_unreadable(record)
         data = CheckpointData(claims=recovered)
         if recovered:
             # Persist at once so a second crash cannot lose the recovered reservations.
@@ -292,6 +299,13 @@ class CheckpointStore:
             raise CheckpointWriteError(self.path, err) from err
         self._metrics.checkpoint_write_duration.observe(time.perf_counter() - start)
         self._cache, self._cache_key, self._unwritten = data, self._key(), False
+
+
+def log_unreadable(record: ClaimRecord) -> None:
+    """The operator's one line about a record the agent cannot read."""
+    log.error(HELD_LINE, extra={
+        "claim": record.uid, "reason": record.unreadable,
+        "devices": ",".join(f"{d.pool}/{d.device}" for d in record.devices) or "none"})
 
 
 def _encode_error(uid: str | None, err: Exception) -> ValueError:

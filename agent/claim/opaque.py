@@ -207,7 +207,9 @@ def _decode_sharing(raw: Any) -> SharingConfig:
         raise ConfigDecodeError(
             f"sharing.{unknown[0]}", f"unknown field (known: {', '.join(_SHARING_FIELDS)})")
     time_slice = raw.get("timeSlice")
-    if time_slice is not None and time_slice not in TIME_SLICES:
+    # isinstance first: ``[] in TIME_SLICES`` is a TypeError (a list is unhashable).
+    if time_slice is not None and (not isinstance(time_slice, str)
+                                   or time_slice not in TIME_SLICES):
         raise ConfigDecodeError("sharing.timeSlice",
                                 f"{time_slice!r:.40} is not one of {', '.join(TIME_SLICES)}")
     mps = raw.get("mps")

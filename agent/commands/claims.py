@@ -1,6 +1,10 @@
 """``dra-agent claims``: the claims prepared on this node, from the checkpoint.
 
-Read-only: a corrupt checkpoint is reported, never moved aside (that is the agent's job).
+Read-only: a corrupt checkpoint is reported, never moved aside (that is the agent's job). A
+record the agent could not read (``agent.checkpoint.unreadable``) is shown as ``Unreadable``
+with why; its devices stay taken until the kubelet unprepares that claim, or ``--forget UID``
+drops it: the one change this command makes, under the checkpoint's locks, and only to such a
+record (a readable one is the kubelet's to unprepare).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import click
 
 from agent.checkpoint.codec import CheckpointCorruptError, decode
 from agent.checkpoint.model import ClaimRecord, PreparedDevice
-from agent.checkpoint.store import MAX_CHECKPOINT_BYTES
+from agent.checkpoint.store import MAX_CHECKPOINT_BYTES, CheckpointStore, CheckpointWriteError
 from agent.commands.options import pop_config, shared_options
 from agent.common.metrics import label_value
 from agent.common.safefile import UnsafeFileError, read_capped
@@ -35,7 +39,39 @@ def load_records(path: Path) -> list[ClaimRecord]:
 
 
 def _state(record: ClaimRecord) -> str:
+    if record.unreadable is not None:
+        return "Unreadable"
     return record.state.value + (" (recovered)" if record.recovered else "")
+
+
+def unreadable_notes(records: list[ClaimRecord]) -> list[str]:
+    """One line per record the agent cannot read: why, and how its devices are freed."""
+    return [f"claim {r.uid}: its record cannot be read ({label_value(r.unreadable)}); its "
+            "devices stay taken until the kubelet unprepares it, or: dra-agent claims "
+            f"--forget {r.uid}" for r in records if r.unreadable is not None]
+
+
+def forget_unreadable(path: Path, uid: str) -> ClaimRecord:
+    """Drop the unreadable record of claim ``uid`` from the checkpoint at ``path`` (under
+    the agent's locks: it may be running) and return it; a ``click.ClickException`` when
+    there is none, or when the record is readable."""
+    found = {r.uid: r for r in load_records(path)}.get(uid)
+    if found is None:
+        raise click.ClickException(f"no record of claim {uid!a} in {path}")
+    if found.unreadable is None:
+        raise click.ClickException(
+            f"the record of claim {uid} is readable: the kubelet unprepares it when the pods "
+            "using that claim are gone (forgetting it would free devices still in use)")
+
+    def drop(claims: dict[str, ClaimRecord]) -> None:
+        if claims.get(uid) is not None and claims[uid].unreadable is not None:
+            del claims[uid]
+
+    try:
+        CheckpointStore(path).update(drop)
+    except CheckpointWriteError as err:
+        raise click.ClickException(str(err)) from err
+    return found
 
 
 def render_table(records: list[ClaimRecord]) -> str:
@@ -94,12 +130,23 @@ def _columns(rows: Sequence[tuple[str, ...]]) -> str:
     "-o", "--output", type=click.Choice(["table", "wide", "json", "yaml"]), default="table",
     show_default=True,
 )
+@click.option(
+    "--forget", metavar="UID", default=None,
+    help="Drop the record of claim UID that the agent cannot read (shown as Unreadable): "
+         "its devices become free; nothing on the host is undone.",
+)
 @shared_options("driver_name", "kubelet_dir", "config_file", "verbosity")
-def command(output: str, **kwargs: Any) -> None:
+def command(output: str, forget: str | None, **kwargs: Any) -> None:
     """Show the claims prepared on this node (from the plugin's checkpoint)."""
     cfg = pop_config(kwargs)
     path = cfg.checkpoint_path
     try:
+        if forget is not None:
+            gone = forget_unreadable(path, forget)
+            devices = ",".join(f"{d.pool}/{d.device}" for d in gone.devices) or "none"
+            click.echo(f"forgot the unreadable record of claim {gone.uid}; devices free "
+                       f"again: {devices}")
+            return
         records = load_records(path)
     except CheckpointCorruptError as err:
         raise click.ClickException(f"{err}; the agent sets it aside on its next start") from err
@@ -108,6 +155,8 @@ def command(output: str, **kwargs: Any) -> None:
     if output in ("table", "wide"):
         render = render_wide if output == "wide" else render_table
         click.echo(render(records) if records else f"no prepared claims ({path})")
+        for note in unreadable_notes(records):
+            click.echo(note)
         return
     docs = [r.to_json() for r in records]
     if output == "json":

@@ -64,8 +64,9 @@ def effects(
     dynamic``), made through ``sriov`` and read back by ``rescan``."""
     ordered: list[Effect | None] = [
         MpsEffect(mps_pipe_dir),  # env and mounts: before the metadata plans its own
-        MigEffect(mig, failpoints) if mig is not None else None,
-        VfEffect(sriov, rescan or inventory, failpoints) if sriov is not None else None,
+        MigEffect(mig, inventory, failpoints) if mig is not None else None,
+        VfEffect(sriov, rescan or inventory, failpoints, inventory=inventory)
+        if sriov is not None else None,
         MetadataEffect(metadata),  # after the devices exist: the spec's mounts name its files
         TimeSliceEffect(gpu_control, inventory, failpoints),
     ]

@@ -30,7 +30,7 @@ from agent.common.failpoints import Failpoints, Point, hit
 from agent.common.metrics import Metrics
 from agent.prepare.claimspec import ClaimBuilder, now
 from agent.prepare.devices import NETDEV_TYPES, nic_status
-from agent.prepare.effects.base import Release, reversed_effects
+from agent.prepare.effects.base import Release, left_alone, reversed_effects
 from agent.prepare.errors import CheckpointUnavailableError, DeviceTakenError
 from agent.prepare.gauges import update_gauges
 from agent.prepare.recovery import RecoveryReport, recover
@@ -135,7 +135,7 @@ class DevicePreparer:
         if record is None:
             return True
         how = Release(uid=ref.uid, record=record, rollback=True,
-                      remaining=self.checkpoint.claims, ref=ref)
+                      remaining=self.checkpoint.claims, ref=ref, boot_id=self.builder.boot_id)
         try:
             for effect in self._release_order:
                 effect.release(how)
@@ -224,10 +224,19 @@ class DevicePreparer:
             for other, held in holders(claims, result.pool, result.device, besides=ref.uid):
                 if held.admin_access or (result.share_id and held.share_id):
                     continue
+                device = f"device {result.pool}/{result.device}"
+                if other.unreadable is not None:
+                    raise DeviceTakenError(
+                        str(ref),
+                        f"{device} is held by claim {other.uid}, whose checkpoint record "
+                        f"cannot be read ({other.unreadable}); it stays taken until the "
+                        "kubelet unprepares that claim, or an operator runs: dra-agent "
+                        f"claims --forget {other.uid}",
+                    )
                 owner = f"{other.namespace}/{other.name} ({other.uid})"
                 raise DeviceTakenError(
                     str(ref),
-                    f"device {result.pool}/{result.device} is already prepared for claim "
+                    f"{device} is already prepared for claim "
                     f"{owner}; it is released when the pods using that claim are gone",
                 )
 
@@ -259,15 +268,22 @@ class DevicePreparer:
             self.builder.specs.remove(uid)
         elif record is None:
             return
-        how = Release(uid=uid, record=record, rollback=False, remaining=self.checkpoint.claims,
-                      ref=ref if ref is not None and ref.uid == uid else None)
+        # A recovered record (salvaged from a corrupt file, adopted from a spec, unreadable)
+        # only kept its devices taken: no effect acts on what it names, as if there were
+        # none (``agent.prepare.recovery``).
+        trusted = record if record is not None and not record.recovered else None
+        if record is not None and trusted is None:
+            left_alone(self.effects, record, "unprepare")
+        how = Release(uid=uid, record=trusted, rollback=False, remaining=self.checkpoint.claims,
+                      ref=ref if ref is not None and ref.uid == uid else None,
+                      boot_id=self.builder.boot_id)
         for effect in self._release_order:
             effect.release(how)
         hit(self.failpoints, Point.UNPREPARE_AFTER_SPEC_REMOVED, uid)
         self.checkpoint.update(lambda claims: claims.pop(uid, None))
-        if record is not None:
+        if trusted is not None:
             for effect in self.effects:
-                effect.released(record, self.checkpoint.claims)
+                effect.released(trusted, self.checkpoint.claims)
         hit(self.failpoints, Point.UNPREPARE_AFTER_COMPLETED, uid)
         self.update_gauges()
 

@@ -8,6 +8,12 @@ no record explains go, kept after a corrupt checkpoint), and rebuilds the CDI sp
 completed claim whose spec or file is lost or from another boot, so running pods' containers
 restart with their devices.
 
+A record salvaged from a corrupt checkpoint, adopted from a spec or unreadable is
+``recovered``: it keeps its devices taken and nothing else. It is not rolled back, no effect
+reconciles or reapplies for it, and it stays until the kubelet prepares or unprepares that
+claim (one line says which host changes it names are left as they are). No per-claim problem
+stops start-up: each is one line, and the plugin serves the other claims.
+
 It takes the stores and the effects, never the preparer: nothing here serves a call.
 """
 
@@ -18,11 +24,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.checkpoint.model import ClaimRecord, ClaimState, PreparedDevice
-from agent.checkpoint.store import CheckpointStore, CheckpointWriteError
+from agent.checkpoint.store import CheckpointStore, CheckpointWriteError, log_unreadable
+from agent.checkpoint.unreadable import one_line
 from agent.claim.model import ClaimError, ClaimRef
 from agent.common.metrics import Metrics
 from agent.prepare.claimspec import ClaimBuilder, now
-from agent.prepare.effects.base import Effect, Release, reversed_effects
+from agent.prepare.effects.base import Effect, Release, left_alone, reversed_effects
 from agent.prepare.errors import CheckpointUnavailableError
 from agent.prepare.gauges import update_gauges
 from discovery.model import Device, Inventory
@@ -72,12 +79,20 @@ def recover(
     set_aside = len(specs.corrupt_copies)
     on_disk = specs.claim_devices()
     metrics.cdi_spec_corrupt.inc(len(specs.corrupt_copies) - set_aside)
-    rolled_back = [u for u, r in records.items() if r.state is ClaimState.PREPARE_STARTED]
+    # A recovered record (salvaged from a corrupt file, adopted, unreadable) only keeps its
+    # devices taken: an interrupted prepare of one is not undone from what it says.
+    rolled_back = [u for u, r in records.items()
+                   if r.state is ClaimState.PREPARE_STARTED and not r.recovered]
+    for record in records.values():
+        if record.unreadable is not None and not corrupt:  # the store said so when corrupt
+            log_unreadable(record)
+        elif record.recovered and record.state is ClaimState.PREPARE_STARTED:
+            left_alone(effects, record, "start-up")
     orphans = [u for u in on_disk if u not in records]
     remaining = {u: r for u, r in records.items() if u not in rolled_back}
     released: dict[str, list[str]] = {}
     for uid in rolled_back:
-        for name in _undo(effects, records[uid], remaining):
+        for name in _undo(effects, records[uid], remaining, builder.boot_id):
             released.setdefault(name, []).append(uid)
         specs.remove(uid)
     adopted: dict[str, ClaimRecord] = {}
@@ -106,7 +121,12 @@ def recover(
     # After the roll-back: what a PrepareStarted record named is no record's now.
     removed: dict[str, tuple[str, ...]] = {}
     for effect in effects:
-        done = effect.reconcile(checkpoint.claims(), corrupt=corrupt)
+        try:
+            done = effect.reconcile(checkpoint.claims(), corrupt=corrupt)
+        except Exception as err:  # start-up goes on: the plugin must serve the other claims
+            log.error(f"cannot reconcile the host at start-up; {effect.manual_fix}",
+                      extra={"effect": effect.name, "error": str(err)})
+            continue
         if done.records:
             checkpoint.update(_put_all(done.records))
         if done.removed:
@@ -143,11 +163,12 @@ def _put_all(records: Sequence[ClaimRecord]) -> Callable[[dict[str, ClaimRecord]
 
 
 def _undo(effects: Sequence[Effect], record: ClaimRecord,
-          remaining: Mapping[str, ClaimRecord]) -> list[str]:
+          remaining: Mapping[str, ClaimRecord], boot_id: str) -> list[str]:
     """Undo an interrupted prepare's host changes, last first; the names of the effects that
     had something to undo and did. Start-up goes on when one fails: the line says what to
     do by hand."""
-    how = Release(uid=record.uid, record=record, rollback=True, remaining=lambda: remaining)
+    how = Release(uid=record.uid, record=record, rollback=True, remaining=lambda: remaining,
+                  boot_id=boot_id)
     done: list[str] = []
     for effect in reversed_effects(effects):
         touched = effect.touches(record)
@@ -214,6 +235,15 @@ def _rebuild_specs(
             log.error(
                 "cannot rebuild CDI spec at start-up",
                 extra={"claim": uid, "reason": err.reason, "error": str(err)},
+            )
+            continue
+        except Exception as err:  # a record no check foresaw must not keep the plugin down
+            failed.append((uid, "internal"))
+            metrics.spec_rebuild_errors.labels("internal").inc()
+            log.error(
+                "cannot rebuild CDI spec at start-up: the record holds what the agent "
+                "cannot use; the next prepare rewrites it from the API server",
+                extra={"claim": uid, "reason": "internal", "error": one_line(str(err))},
             )
             continue
         rebuilt.append(uid)

@@ -63,6 +63,9 @@ class SimulatedSriov:
     #: Drivers the simulated kernel has (others do not bind, as without their module).
     DRIVERS = ("mlx5_core", "vfio-pci")
 
+    def has_driver(self, driver: str) -> bool:
+        return driver in self.DRIVERS
+
     def bind(self, function: str, driver: str) -> None:
         with self._lock:
             dev = self._pf(function).resolve()

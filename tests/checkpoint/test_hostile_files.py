@@ -281,7 +281,11 @@ def test_record_the_kubelet_path_would_refuse_is_corruption_and_the_rest_is_kept
     in_thread(node.restart)
     assert node.metrics.registry.get_sample_value("dra_agent_checkpoint_corrupt_total") == 1
     kept = CheckpointStore(node.checkpoint).claims()
-    assert set(kept) == {uid} and kept[uid].recovered
+    assert kept[uid].recovered
+    # The refused record is kept as unreadable, holding its device (#28: dropping it would
+    # free gpu-5 for another claim).
+    [bad_kept] = [r for u, r in kept.items() if u != uid]
+    assert bad_kept.unreadable and [d.device for d in bad_kept.devices] == ["gpu-5"]
     # The recovered record is written back and later writes work.
     assert node.prepare(claim)[uid].ok
     assert not CheckpointStore(node.checkpoint).claims()[uid].recovered

@@ -136,10 +136,11 @@ def test_a_corrupt_record_leaves_the_adopted_devices_counted_once(node: Node) ->
     node.checkpoint.write_text(json.dumps(doc))
     node.metrics = Metrics()
     node.restart()
-    # The CDI specs are the evidence left: their devices stay reserved, with no claim name
-    # and no identity, and the info metric says the same as the device gauge.
+    # The records are kept as unreadable (#28: a dropped record frees its devices): their
+    # devices stay reserved, with the claim names they had and no identity, and the info
+    # metric says the same as the device gauge.
     assert sorted(series(node.metrics), key=str) == sorted(
-        [row("", "", "gpu-0"), row("", "", "nic-1")], key=str)
+        [row("ml", "train", "gpu-0"), row("ml", "net", "nic-1")], key=str)
     assert prepared_devices(node.metrics) == 2
     assert node.metrics.registry.get_sample_value("dra_agent_checkpoint_corrupt_total") == 1
 

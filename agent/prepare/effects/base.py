@@ -25,10 +25,19 @@ The life of an effect, as NVIDIA's driver shapes each config's ``apply``:
   record names goes).
 
 Every method has a no-op default in ``BaseEffect``, so an effect implements only its stages.
+
+**An effect never trusts a checkpoint field it has not checked against what discovery sees
+now.** The checkpoint's checksum guards integrity, not authenticity, so before any host write
+an effect checks every host object the record names (a VF's address is a published VF's, its
+driver one the kernel has, a MIG instance one the record names by its ids on a published GPU)
+and leaves anything else alone, in one line (``refused``). A *recovered* record (salvaged from
+a corrupt file, adopted from a spec, unreadable) reaches no effect's ``release``, ``released``
+or ``reconcile`` at all: it only keeps its devices taken (``left_alone`` says what stays).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -36,6 +45,8 @@ from typing import Protocol
 from agent.checkpoint.model import ClaimRecord
 from agent.claim.model import AllocatedDevice, Claim, ClaimRef
 from agent.prepare.devices import SpecDevice
+
+log = logging.getLogger(__name__)
 
 
 class Save(Protocol):
@@ -88,6 +99,9 @@ class Release:
     #: The claim as the kubelet names it at unprepare, for the very UID unprepared (None at
     #: a rollback or start-up).
     ref: ClaimRef | None = None
+    #: This boot's ID ("" when unknown): a record of another boot names nothing a reboot
+    #: clears (a MIG instance).
+    boot_id: str = ""
 
     @property
     def claim(self) -> str:
@@ -181,6 +195,25 @@ class BaseEffect:
 
     def reconcile(self, claims: Mapping[str, ClaimRecord], *, corrupt: bool) -> Reconciled:
         return Reconciled()
+
+
+def refused(claim: str, device: str, what: str, why: str) -> None:
+    """The one line of a host object a record names that its effect will not touch."""
+    log.warning("a checkpoint record names a host object this node does not publish as "
+                "the claim's; left alone", extra={"claim": claim, "device": device,
+                                                  "field": what, "why": why})
+
+
+def left_alone(effects: Sequence[Effect], record: ClaimRecord, when: str) -> None:
+    """The one line of a recovered record that names host changes: none is undone (nor made
+    again), its devices stay taken until the claim is unprepared; each effect's manual fix."""
+    touched = [e for e in effects if e.touches(record)]
+    if touched:
+        log.warning("a recovered checkpoint record names host changes; they are left as "
+                    "they are", extra={
+                        "claim": record.uid, "when": when,
+                        "effects": ",".join(e.name for e in touched),
+                        "by_hand": "; ".join(e.manual_fix for e in touched)})
 
 
 def reversed_effects(effects: Sequence[Effect]) -> Sequence[Effect]:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from agent.checkpoint.model import ClaimRecord
 from agent.claim.model import ClaimError
 from agent.common.failpoints import Failpoints, Point, hit
-from agent.prepare.effects.miginstance import Instance, instance_of, put_instance
+from agent.prepare.effects.miginstance import Instance
 from discovery.gpulib import (
     CI_PROFILE_FULL,
     DeviceHandle,
@@ -69,9 +68,13 @@ class MigPartitions:
 
     # -- create ---------------------------------------------------------------------------
 
-    def create(self, claim: str, device: str, inst: Instance) -> Instance:
+    def create(self, claim: str, device: str, inst: Instance,
+               on_gi: Callable[[Instance], None] | None = None) -> Instance:
         """Make the GI at the placement and its full CI; on any failure destroy what was
-        made and raise PartitionError naming the device and NVML's cause."""
+        made and raise PartitionError naming the device and NVML's cause. ``on_gi`` gets the
+        partition with its GI id as soon as the GI exists, before its CI (a prepare records
+        it durably then: a record of the agent's own names every instance by its id from the
+        moment it can run anything)."""
         what = f"device {device}: cannot create {inst.describe()}"
         ci_profile = CI_PROFILE_FULL.get(inst.slices)
         if ci_profile is None:
@@ -83,15 +86,17 @@ class MigPartitions:
                 gi = lib.create_gpu_instance_with_placement(
                     handle, inst.profile_id, Placement(inst.start, inst.size))
             except GpuLibraryError as err:
-                raise PartitionError(claim, f"{what}: {_cause(err)}") from err
+                raise PartitionError(claim, f"{what}: {cause(err)}") from err
             try:
+                if on_gi is not None:
+                    on_gi(replace(inst, gi=gi.id))
                 hit(self.failpoints, Point.MIG_AFTER_GI_CREATED, claim)
                 ci = lib.create_compute_instance(handle, gi.id, ci_profile)
                 uuid = self._mig_uuid(lib, handle, gi.id, ci)
             except BaseException as err:
                 left = not self._destroy_quietly(lib, handle, gi.id)
                 if isinstance(err, GpuLibraryError):
-                    raise PartitionError(claim, f"{what}: {_cause(err)}", left) from err
+                    raise PartitionError(claim, f"{what}: {cause(err)}", left) from err
                 raise
         log.info("MIG partition created", extra={
             "claim": claim, "device": device, "gpu_instance": gi.id, "compute_instance": ci,
@@ -131,15 +136,51 @@ class MigPartitions:
                 return gi.id
         return None
 
+    def _recorded_gi(self, lib: GpuLibrary, handle: DeviceHandle, inst: Instance) -> int | None:
+        """The GI to destroy for ``inst``: at its profile and placement, with every id the
+        record names (its GI id, then its CI id, then its MIG UUID); with no id recorded,
+        one that holds no compute instance (what a prepare that died before recording the
+        GI id left). None when nothing is there; ``NotRecordedError`` when something else is."""
+        for gi in lib.gpu_instances(handle, inst.profile_id):
+            if gi.placement_start != inst.start:
+                continue
+            cis = lib.compute_instances(handle, gi.id)
+            if inst.gi is None:
+                if inst.ci is not None or inst.uuid is not None:
+                    raise NotRecordedError("the record names compute instance ids without a GPU "
+                                      "instance id")
+                if cis:
+                    raise NotRecordedError(f"GPU instance {gi.id} there holds compute instances, "
+                                      "and a record with no ids destroys only one without")
+                return gi.id
+            if gi.id != inst.gi:
+                raise NotRecordedError(f"the GPU instance there is {gi.id}, not {inst.gi}")
+            if inst.ci is not None and inst.ci not in cis:
+                raise NotRecordedError(f"GPU instance {gi.id} has no compute instance {inst.ci}")
+            if inst.uuid is not None and (inst.ci is None or self._uuid_of(
+                    lib, handle, gi.id, inst.ci) != inst.uuid):
+                raise NotRecordedError(f"the MIG device of GPU instance {gi.id} is not "
+                                  f"{inst.uuid[:60]!a}")
+            return gi.id
+        return None
+
+    def _uuid_of(self, lib: GpuLibrary, handle: DeviceHandle, gi: int, ci: int) -> str | None:
+        try:
+            return self._mig_uuid(lib, handle, gi, ci)
+        except NotFoundError:
+            return None
+
     def destroy(self, inst: Instance) -> bool:
-        """Destroy the partition's CIs and GI; False when there was nothing (any more).
-        NVML errors propagate (a process still on it is IN_USE)."""
+        """Destroy the recorded partition's CIs and GI (``_recorded_gi``: what the record
+        names, never another instance at its placement); False when there was nothing (any
+        more), ``NotRecordedError`` when what is there is not it. NVML errors propagate (a
+        process still on it is IN_USE)."""
         with self._session() as lib:
             try:
                 handle = self._handle(lib, inst.parent_uuid)
             except NotFoundError:
                 return False  # the GPU is gone, and its instances with it
-            gi = self._find_gi(lib, handle, inst)
+            gi = self._recorded_gi(lib, handle, inst)
             if gi is None:
                 return False
             self._destroy_gi(lib, handle, gi)
@@ -152,33 +193,13 @@ class MigPartitions:
             except NotFoundError:
                 return False
 
-    def release(self, claim: str, record: ClaimRecord | None) -> None:
-        """Destroy every partition ``record`` names; PartitionError on the first failure."""
-        for held in record.devices if record is not None else ():
-            inst = instance_of(held)
-            if inst is None:
-                continue
-            try:
-                gone = self.destroy(inst)
-            except GpuLibraryError as err:
-                raise PartitionError(
-                    claim, f"device {held.device}: cannot destroy {inst.describe()}: "
-                           f"{_cause(err)}") from err
-            log.info("MIG partition destroyed" if gone else "MIG partition already gone",
-                     extra={"claim": claim, "device": held.device, "gpu_instance": inst.gi})
 
-    def ensure(self, claim: str, record: ClaimRecord) -> ClaimRecord:
-        """A completed claim's partitions exist again (created anew after a reboot)."""
-        for held in record.devices:
-            inst = instance_of(held)
-            if inst is None or (inst.created and self.exists(inst)):
-                continue
-            made = self.create(claim, held.device, replace(inst, gi=None, ci=None, uuid=None))
-            record = put_instance(record, held.device, made)
-        return record
+class NotRecordedError(Exception):
+    """What is at a recorded partition's placement is not the instance the record names:
+    someone else's, left alone."""
 
 
-def _cause(err: GpuLibraryError) -> str:
+def cause(err: GpuLibraryError) -> str:
     name = type(err).__name__.removesuffix("Error")
     hint = {
         "InsufficientResources": " (the placement is taken: another instance or process "

@@ -59,17 +59,30 @@ class Instance:
 
     @classmethod
     def from_json(cls, data: Any) -> Instance | None:
-        """None for anything that is not a partition record (never raises)."""
+        """None for anything that is not a partition record as ``to_json`` writes it (never
+        raises, never coerces: ``"9"`` or ``true`` is no profile id or placement)."""
         if not isinstance(data, Mapping):
             return None
-        try:
-            gi, ci, uuid = data.get("gi"), data.get("ci"), data.get("uuid")
-            return cls(str(data["parentUUID"]), int(data["profileID"]), int(data["start"]),
-                       int(data["size"]), int(data["slices"]),
-                       None if gi is None else int(gi), None if ci is None else int(ci),
-                       None if uuid is None else str(uuid))
-        except (KeyError, TypeError, ValueError):
+        profile, start, size, slices, gi, ci = (
+            _count(data.get(k)) for k in ("profileID", "start", "size", "slices", "gi", "ci"))
+        parent, uuid = data.get("parentUUID"), data.get("uuid")
+        if not isinstance(parent, str) or profile is None or start is None or size is None \
+                or slices is None or (gi is None) != (data.get("gi") is None) \
+                or (ci is None) != (data.get("ci") is None) \
+                or not (uuid is None or isinstance(uuid, str)):
             return None
+        return cls(parent, profile, start, size, slices, gi, ci, uuid)
+
+    def same_partition(self, other: Instance) -> bool:
+        """The same GPU, profile and placement (whatever ids either has)."""
+        return (self.parent_uuid, self.profile_id, self.start, self.size, self.slices) == (
+            other.parent_uuid, other.profile_id, other.start, other.size, other.slices)
+
+
+def _count(value: object) -> int | None:
+    """A JSON integer of at least 0, else None (a bool is no count)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
+        else None
 
 
 def instance_of(held: PreparedDevice) -> Instance | None:

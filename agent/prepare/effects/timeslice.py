@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from agent.checkpoint.model import ClaimRecord, PreparedDevice, holders
 from agent.claim.model import ClaimError, ClaimRef
+from agent.claim.opaque import TIME_SLICES
 from agent.common.failpoints import Failpoints, Point, hit
 from agent.prepare.devices import SpecDevice
-from agent.prepare.effects.base import BaseEffect, Release, Step
+from agent.prepare.effects.base import BaseEffect, Release, Step, refused
 from agent.prepare.gpucontrol import GpuControl, GpuControlError
 from discovery.model import Device, Inventory
 
@@ -127,9 +128,18 @@ def release_time_slices(
     for held in record.devices:
         if held.time_slice is None or held.time_slice == DEFAULT_TIME_SLICE:
             continue
+        # Only what the agent sets: an interval it knows, for a share (a whole GPU's config
+        # may not ask for one, ``agent.prepare.shares.check_config``), of a published GPU.
+        device = inventory.get(held.device)
+        why = ("not an interval" if held.time_slice not in TIME_SLICES
+               else "the record's device is not a share" if not held.share_id
+               else f"{held.device} is not a GPU this node publishes"
+               if device is None or device.host.uuid is None else None)
+        if why is not None:
+            refused(record.uid, held.device, "timeSlice", why)
+            continue
         still = any(d.time_slice is not None for _, d in
                     holders(remaining, held.pool, held.device, besides=record.uid))
-        device = inventory.get(held.device)
         if still or control is None or device is None or device.host.uuid is None:
             continue
         try:

@@ -12,22 +12,34 @@ that driver before it is handed out (driver_override, unbind, drivers_probe); th
 had is kept in the record and restored at unprepare, and the VF's MAC (what a pod set) is
 unset on its PF, so the VF goes back to the pool as it was. Without ``vf.driver`` the VF is
 handed out as it is.
+
+What a release does is checked against what discovery publishes now, never taken from the
+record alone (``vf_problem``): the VF, its address, its PF and index, the driver it goes back
+to. A record naming anything else (a PF, a path, another VF's cap) changes nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from agent.checkpoint.model import ClaimRecord
+from agent.checkpoint.model import ClaimRecord, PreparedDevice
 from agent.claim.model import ClaimError
 from agent.common.failpoints import Failpoints, Point, hit
 from agent.prepare.devices import SpecDevice, identified
-from agent.prepare.effects.base import BaseEffect, Release, Step
+from agent.prepare.effects.base import BaseEffect, Release, Step, refused
 from discovery.model import Device, DeviceType, Inventory
-from discovery.vfs import EXTRA_CANDIDATE, EXTRA_RATE, EXTRA_TOTAL, SriovControl, SriovError
+from discovery.vfs import (
+    DRIVER_NAME,
+    EXTRA_CANDIDATE,
+    EXTRA_RATE,
+    EXTRA_TOTAL,
+    SriovControl,
+    SriovError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +76,12 @@ class VfEffect(BaseEffect):
                  "max_tx_rate 0)"
 
     def __init__(self, control: SriovControl, rescan: Callable[[], Inventory],
-                 failpoints: Failpoints | None = None) -> None:
+                 failpoints: Failpoints | None = None, *,
+                 inventory: Callable[[], Inventory] | None = None) -> None:
         self.control = control
         self.rescan = rescan
+        #: What discovery publishes now, that a record's fields are checked against.
+        self.inventory = inventory or rescan
         self.failpoints = failpoints
         self._lock = threading.Lock()
 
@@ -176,38 +191,79 @@ class VfEffect(BaseEffect):
         A rollback undoes a prepare that never completed, whose pod never ran (no MAC to
         unset), perhaps before a bind or a reboot (a VF already on its old driver, or gone
         with the VFs a reboot drops, needs nothing).
+
+        Only what discovery publishes is touched (``vf_problem``): the record's device must
+        be a published VF of a published PF, its ``pciAddress`` that VF's full address, its
+        cap and MAC that VF's own PF and index, the driver it goes back to one the kernel
+        has. Anything else is one line and left alone.
         """
+        if how.record is None or not self.touches(how.record):
+            return
         claim, restore_only = how.claim, how.rollback
-        for held in how.record.devices if how.record is not None else ():
-            cap = held.extra.get(RATE)
-            if isinstance(cap, dict) and isinstance(cap.get("pf"), str) \
-                    and isinstance(cap.get("index"), int) \
-                    and not (restore_only and not self._exists(held.pci_address)):
+        published = self.inventory().by_name()
+        for held in how.record.devices:
+            if not any(key in held.extra for key in (RESTORE, MAC, RATE)):
+                continue
+            vf, why = vf_problem(published, held)
+            if vf is None:
+                for key in (k for k in (RESTORE, MAC, RATE) if k in held.extra):
+                    refused(claim, held.device, key, why)
+                continue
+            if RATE in held.extra and self._own(claim, held, vf, RATE) \
+                    and not (restore_only and not self._exists(vf.host.pci_address)):
+                pf, index = _pf_index(vf)
                 try:
-                    self.control.set_vf_rate(cap["pf"], cap["index"], 0)
+                    self.control.set_vf_rate(pf, index, 0)
                 except SriovError as err:
                     raise VfError(claim, f"device {held.device}: {err}") from err
                 log.info("VF rate cap lifted", extra={"claim": claim, "device": held.device})
-            mac = held.extra.get(MAC)
-            if not restore_only and isinstance(mac, dict) and isinstance(mac.get("pf"), str) \
-                    and isinstance(mac.get("index"), int):
+            if MAC in held.extra and self._own(claim, held, vf, MAC) and not restore_only:
                 try:
-                    self.control.reset_vf_mac(mac["pf"], mac["index"])
+                    self.control.reset_vf_mac(*_pf_index(vf))
                 except SriovError as err:
                     raise VfError(claim, f"device {held.device}: {err}") from err
             before = held.extra.get(RESTORE)
-            if not isinstance(before, str) or not before or not held.pci_address:
+            if before is None or before == "" or not self._restorable(claim, held, vf, before):
                 continue
+            function = vf.host.pci_address or ""
+            assert isinstance(before, str)  # _restorable checked it
             try:
-                if restore_only and (not self._exists(held.pci_address)
-                                     or self.control.driver(held.pci_address) == before):
+                if restore_only and (not self._exists(function)
+                                     or self.control.driver(function) == before):
                     continue
-                self.control.bind(held.pci_address, before)
+                self.control.bind(function, before)
             except SriovError as err:
                 raise VfError(claim, f"device {held.device}: giving it back to {before}: "
                                      f"{err}") from err
             log.info("VF driver restored", extra={"claim": claim, "device": held.device,
                                                   "driver": before})
+
+    def _own(self, claim: str, held: PreparedDevice, vf: Device, key: str) -> bool:
+        """The record's cap or MAC mark names ``vf``'s own PF and index (else one line)."""
+        pf, index = _pf_index(vf)
+        mark = held.extra.get(key)
+        if mark == {"pf": pf, "index": index} and isinstance(mark, dict) \
+                and type(mark["index"]) is int:
+            return True
+        refused(claim, held.device, key, f"names {str(mark)[:80]!a}, not PF {pf} VF {index} "
+                                         f"as discovery has {held.device}")
+        return False
+
+    def _restorable(self, claim: str, held: PreparedDevice, vf: Device, before: object) -> bool:
+        """The record's address is ``vf``'s and the driver to give it back to is one the
+        kernel has (else one line)."""
+        if held.pci_address != vf.host.pci_address or held.pci_address is None \
+                or not PCI_ADDRESS.fullmatch(held.pci_address):
+            why = (f"pciAddress {str(held.pci_address)[:80]!a} is not "
+                   f"{vf.host.pci_address}, the VF discovery has as {held.device}")
+            refused(claim, held.device, "pciAddress", why)
+            return False
+        if not isinstance(before, str) or not DRIVER_NAME.fullmatch(before) \
+                or not self.control.has_driver(before):
+            refused(claim, held.device, RESTORE,
+                    f"{str(before)[:80]!a} is no driver under /sys/bus/pci/drivers")
+            return False
+        return True
 
     def _exists(self, function: str | None) -> bool:
         return bool(function) and self.control.exists(function or "")
@@ -227,6 +283,31 @@ class VfEffect(BaseEffect):
                                          "from 0; set sriov_numvfs to 0 when no VF is in use")
             except SriovError as err:
                 raise VfError(claim, f"device {device.name}: {err}") from err
+
+
+#: A PCI function's full address as the kernel names it under /sys/bus/pci/devices.
+PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", re.ASCII)
+
+
+def vf_problem(published: Mapping[str, Device], held: PreparedDevice
+               ) -> tuple[Device | None, str]:
+    """The published VF the record's device is, or None and why it is none: a VF of a PF
+    this node publishes, with its index, as discovery sees it now."""
+    vf = published.get(held.device)
+    if vf is None or vf.type != DeviceType.VF:
+        return None, f"{held.device} is not a VF this node publishes"
+    pf, index = vf.host.parent_pf, vf.attributes.get("vfIndex")
+    if not pf or not any(d.host.pci_address == pf for d in published.values()):
+        return None, f"the PF of {held.device} is not a device this node publishes"
+    if type(index) is not int or not PCI_ADDRESS.fullmatch(vf.host.pci_address or ""):
+        return None, f"discovery has no index or address of {held.device}"
+    return vf, ""
+
+
+def _pf_index(vf: Device) -> tuple[str, int]:
+    index = vf.attributes.get("vfIndex")
+    assert vf.host.parent_pf and isinstance(index, int)  # vf_problem checked them
+    return vf.host.parent_pf, index
 
 
 def _rate(device: Device) -> tuple[str, int, int] | None:
