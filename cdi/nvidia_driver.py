@@ -1,6 +1,10 @@
 """Find an NVIDIA driver installation under a driver root: version, libraries, binaries,
 GSP firmware, IPC sockets and the toolkit's hook binary.
 
+The MPS control daemon's pipe directory is no IPC socket of the driver's: it holds the
+daemon's control socket, so it is mounted only into the containers of MPS shares (the agent's
+MPS effect names it per share), never into every NVIDIA container.
+
 The driver root is ``/`` for a host install, or wherever the driver is mounted in the agent's
 container (``/run/nvidia/driver`` with the GPU Operator's driver container). Paths are looked
 up under it and reported both as the file here and as the absolute path the host sees.
@@ -45,7 +49,6 @@ BINARIES = (
     "nvidia-imex-ctl",
 )
 IPC_SOCKETS = ("nvidia-persistenced/socket", "nvidia-fabricmanager/socket")
-MPS_PIPE_DIR = "/tmp/nvidia-mps"
 HOOK_CANDIDATES = (
     "/usr/bin/nvidia-cdi-hook",
     "/usr/local/nvidia/toolkit/nvidia-cdi-hook",
@@ -281,9 +284,6 @@ def _ipc(root: Path) -> tuple[DriverFile, ...]:
             if hit.exists():
                 out.append(DriverFile(hit, strip_root(root, hit), strip_root(root, hit)))
                 break
-    mps = in_root(root, MPS_PIPE_DIR)
-    if mps.is_dir():
-        out.append(DriverFile(mps, MPS_PIPE_DIR, MPS_PIPE_DIR))
     return tuple(out)
 
 

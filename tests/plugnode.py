@@ -137,6 +137,9 @@ class Node:
     #: GPU-wide share settings (agent.prepare.gpucontrol); None as on a node without
     #: nvidia-smi.
     gpu_control: Any = None
+    #: The MPS server's limits (agent.prepare.mpscontrol); None as on a node without
+    #: nvidia-cuda-mps-control.
+    mps_control: Any = None
 
     @property
     def cdi_dir(self) -> Path:
@@ -159,6 +162,7 @@ class Node:
         return plugin_server(
             self.options, self.prepare_options, lambda: Inventory(devices=tuple(self.inventory)),
             NodeEdits(), self.book, metrics=self.metrics, gpu_control=self.gpu_control,
+            mps_control=self.mps_control,
         )
 
     def restart(self, **changes: Any) -> None:
@@ -235,7 +239,7 @@ def device_preparer(
     """A preparer without a plugin around it: spec files under ``root/cdi``, the checkpoint
     at ``root/state/checkpoint.json``, the agent's own effects in the agent's own order
     (``agent.daemon.wiring.effects``; ``effects``: its gpu_control, mig, sriov, rescan,
-    mps_pipe_dir); no metadata files unless ``metadata``."""
+    mps_pipe_dir, mps_control); no metadata files unless ``metadata``."""
     ordered = wiring.effects(inventory, metadata=metadata or ClaimMetadata(DRIVER, None, False),
                              failpoints=failpoints, **effects)
     builder = ClaimBuilder(driver=DRIVER, pool=NODE, node_name=NODE,

@@ -1,7 +1,8 @@
 """What this machine and its cluster give the agent's parts: where discovery reads the
-hardware, the API client, the tool that sets GPU time slices, stand-in device nodes, and the
-refusal to start beside a device plugin. Part of the composition root (``wiring`` assembles
-the parts from these); each is built once, by ``Daemon.start``.
+hardware, the API client, the tools that set GPU time slices and the MPS server's limits,
+stand-in device nodes, and the refusal to start beside a device plugin. Part of the
+composition root (``wiring`` assembles the parts from these); each is built once, by
+``Daemon.start``.
 
 The imports below the module level are lazy for start-up: ``dra-agent run`` pays for each
 only when its option asks for it (NVML, the simulator, the kube client, explain's allocator).
@@ -23,6 +24,7 @@ from discovery.sources import Sources
 if TYPE_CHECKING:
     from agent.kube.transport import KubeHTTP
     from agent.prepare.gpucontrol import GpuControl
+    from agent.prepare.mpscontrol import MpsControl
     from cdi.simnodes import SimulatedNodes
     from discovery.hotplug import DeviceEvents
 
@@ -32,6 +34,8 @@ log = logging.getLogger("agent.daemon")
 SIMULATED_MIG_STATE = "simulated-mig-instances.json"
 #: ``--simulate``: where the simulated GPUs keep the time slices shares set.
 SIMULATED_GPU_STATE = "simulated-time-slices.json"
+#: ``--simulate`` with ``--mps-pipe-dir``: where the simulated MPS daemon keeps its limits.
+SIMULATED_MPS_STATE = "simulated-mps-limits.json"
 
 
 def sources(cfg: Config, cleanups: list[Callable[[], None]]) -> Sources:
@@ -87,6 +91,20 @@ def gpu_control(cfg: Config, run: RunOptions) -> GpuControl | None:
         return RecordingGpuControl(cfg.plugin_dir / SIMULATED_GPU_STATE)
     binary = find_nvidia_smi(run.driver_root)
     return NvidiaSmi(binary) if binary is not None else None
+
+
+def mps_control(cfg: Config, run: RunOptions) -> MpsControl | None:
+    """What sets the MPS server's limits (``--mps-pipe-dir``): a recording stand-in on a
+    simulated node, the daemon's nvidia-cuda-mps-control on a real one (None without it: a
+    share asking for MPS fails)."""
+    if run.mps_pipe_dir is None:
+        return None
+    from agent.prepare.mpscontrol import NvidiaMpsControl, RecordingMpsControl, find_mps_control
+
+    if cfg.simulate:  # beside the checkpoint: the daemon outlives the agent
+        return RecordingMpsControl(cfg.plugin_dir / SIMULATED_MPS_STATE)
+    binary = find_mps_control(run.driver_root)
+    return NvidiaMpsControl(binary, run.mps_pipe_dir) if binary is not None else None
 
 
 def simulated_nodes(cfg: Config) -> SimulatedNodes | None:

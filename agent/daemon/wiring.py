@@ -33,6 +33,7 @@ from agent.prepare.effects.vfs import VfEffect
 from agent.prepare.gpucontrol import GpuControl
 from agent.prepare.metadata import HOST_SUBDIR
 from agent.prepare.metadatafiles import HostMetadataFiles
+from agent.prepare.mpscontrol import MpsControl
 from agent.prepare.options import PrepareOptions
 from agent.prepare.preparer import DevicePreparer
 from cdi.edits import EditsProvider
@@ -58,12 +59,14 @@ def effects(
     mps_pipe_dir: Path | None = None, gpu_control: GpuControl | None = None,
     mig: MigPartitions | None = None, sriov: SriovControl | None = None,
     rescan: Callable[[], Inventory] | None = None, failpoints: Failpoints | None = None,
+    mps_control: MpsControl | None = None,
 ) -> tuple[Effect, ...]:
     """The host effects of this node, in the order prepare applies them. ``mig``: dynamic
     MIG partitions (``--mig dynamic``); ``sriov`` and ``rescan``: VFs on demand (``--vfs
-    dynamic``), made through ``sriov`` and read back by ``rescan``."""
+    dynamic``), made through ``sriov`` and read back by ``rescan``; ``mps_control``: the MPS
+    server's limits (``--mps-pipe-dir``)."""
     ordered: list[Effect | None] = [
-        MpsEffect(mps_pipe_dir),  # env and mounts: before the metadata plans its own
+        MpsEffect(mps_pipe_dir, mps_control, inventory),  # before the metadata's mounts
         MigEffect(mig, inventory, failpoints) if mig is not None else None,
         VfEffect(sriov, rescan or inventory, failpoints, inventory=inventory)
         if sriov is not None else None,
@@ -96,12 +99,14 @@ def plugin_server(
     health_servicer: HealthServicer | None = None, failpoints: Failpoints | None = None,
     gpu_control: GpuControl | None = None, mig: MigPartitions | None = None,
     sriov: SriovControl | None = None, rescan: Callable[[], Inventory] | None = None,
+    mps_control: MpsControl | None = None,
 ) -> PluginServer:
     """The kubelet plugin around this node's preparer: what ``dra-agent run`` serves."""
     metrics = metrics or Metrics()
     ordered = effects(inventory, metadata=claim_metadata(prepare),
                       mps_pipe_dir=prepare.mps_pipe_dir, gpu_control=gpu_control, mig=mig,
-                      sriov=sriov, rescan=rescan, failpoints=failpoints)
+                      sriov=sriov, rescan=rescan, failpoints=failpoints,
+                      mps_control=mps_control)
     return PluginServer(plugin, preparer(prepare, inventory, edits, ordered, metrics=metrics,
                                          failpoints=failpoints),
                         claims, metrics, health_servicer=health_servicer, failpoints=failpoints)
@@ -139,7 +144,8 @@ def node_plugin(
     claims = APIClaimSource(client) if client is not None else NoAPIClaimSource()
     ordered = effects(inventory, metadata=claim_metadata(prepare),
                       mps_pipe_dir=prepare.mps_pipe_dir, gpu_control=machine.gpu_control(cfg, run),
-                      mig=mig, sriov=sriov, rescan=rescan, failpoints=failpoints)
+                      mig=mig, sriov=sriov, rescan=rescan, failpoints=failpoints,
+                      mps_control=machine.mps_control(cfg, run))
     made = preparer(prepare, inventory, edits, ordered, metrics=metrics, failpoints=failpoints)
     return PluginServer(plugin, made, claims, metrics, health_servicer=health_servicer,
                         failpoints=failpoints), made

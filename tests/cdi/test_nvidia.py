@@ -136,6 +136,15 @@ def test_spec_with_hook_binary_uses_links_and_ldcache_hooks_instead(
     assert "/dev/nvidia-modeset" not in {d["path"] for d in oci["linux"]["devices"]}
 
 
+def test_the_mps_pipe_directory_is_no_common_edit(nvidia: FakeHost) -> None:
+    """The MPS control daemon's pipe directory holds its control socket: mounted into every
+    NVIDIA container, it hands every tenant the node's MPS daemon (#28). Only an MPS share's
+    devices get it (``agent.prepare.effects.mps``), so the driver's edits never name it."""
+    (nvidia.root / "tmp" / "nvidia-mps").mkdir(parents=True)
+    edits = provider(nvidia).common_edits_for([gpu()])
+    assert not [m for m in edits.mounts if "nvidia-mps" in m.container_path]
+
+
 @pytest.mark.parametrize("version", ["1.16.2", "garbage"])
 def test_older_or_unknown_hook_gets_only_the_subcommands_every_release_has(
     host: FakeHost, version: str

@@ -92,6 +92,13 @@ def test_the_readme_links_architecture_and_the_benchmarks() -> None:
     assert "](docs/benchmarks.md)" in text
 
 
+def test_the_readme_links_the_threat_model() -> None:
+    """#28: what the agent trusts is written down, and the README says where."""
+    assert "](docs/security.md)" in README.read_text()
+    text = (DOCS / "security.md").read_text()
+    assert "integrity" in text and "authenticity" in text  # the checkpoint's unkeyed SHA-256
+
+
 def test_every_document_named_exists() -> None:
     """Relative links, and `docs/*.md` named in backticks, from the README, ARCHITECTURE.md and
     docs/ resolve to files, so a moved or renamed page cannot leave a dangling pointer."""

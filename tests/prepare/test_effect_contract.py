@@ -4,8 +4,9 @@ one the wiring builds, each on its simulated node: apply, kill, reapply, release
 Every case says how to build a preparer with its effect on (``Case.build``), a claim that
 exercises it, and a probe of the host state the effect owns: MIG instances on the fake GPU,
 the VFs' drivers, caps and MACs in the simulated sysfs, the GPUs' intervals in
-RecordingGpuControl's file, the metadata files on disk; MPS changes nothing on the host, so
-its "host state" is what it plans into the spec (env and mount). The contract asserts end
+RecordingGpuControl's file, the metadata files on disk, the MPS server's limits in
+RecordingMpsControl's file beside what MPS plans into the spec (env and mount). The contract
+asserts end
 states only, by the probe, the checkpoint and the recovery report, never how an effect gets
 there: a new effect gets a case (``test_every_effect_the_wiring_builds_has_a_case``) and
 nothing else here changes.
@@ -50,6 +51,7 @@ from agent.prepare.effects.timeslice import TimeSliceEffect
 from agent.prepare.effects.vfs import VfEffect
 from agent.prepare.gpucontrol import RecordingGpuControl
 from agent.prepare.metadatafiles import HostMetadataFiles
+from agent.prepare.mpscontrol import RecordingMpsControl
 from agent.prepare.recovery import RecoveryReport
 from cdi.edits import EditsProvider
 from discovery.model import Inventory
@@ -241,17 +243,19 @@ VF = Case(
 # -- GPU shares: time slices (RecordingGpuControl) and MPS, on dgx-h100 with gpu=shares:4 -----
 
 SHARING = DiscoveryOptions(sharing=parse_sharing_list(["gpu=shares:4"]))
-MPS_PIPE_DIR = Path("/run/nvidia-mps")  # only ever named in the spec, never touched
+MPS_PIPE_DIR = Path("/run/nvidia-mps")  # named in the spec; its daemon is the stand-in's file
 
 
 def gpu_build(root: Path, *, boot_id: str = "boot-1",
               failpoints: Failpoints | None = None) -> DevicePreparer:
     """The GPUs' intervals live in ``root/time-slices.json``, as a GPU keeps its interval
-    when the agent dies."""
+    when the agent dies; the MPS server's limits in ``root/mps-limits.json``, as the MPS
+    control daemon keeps them."""
     found = discover(simulated("dgx-h100"), SHARING)
     return device_preparer(root, lambda: found, edits=EditsProvider(simulated=True),
                            boot_id=boot_id, failpoints=failpoints, mps_pipe_dir=MPS_PIPE_DIR,
-                           gpu_control=RecordingGpuControl(root / "time-slices.json"))
+                           gpu_control=RecordingGpuControl(root / "time-slices.json"),
+                           mps_control=RecordingMpsControl(root / "mps-limits.json"))
 
 
 def share_claim(**sharing: Any) -> dict[str, Any]:
@@ -284,27 +288,38 @@ TIME_SLICE = Case(
 
 
 def mps_probe(root: Path, preparer: DevicePreparer) -> object:
-    """The MPS client variables and mounts of each claim spec on disk: the plan is the
-    effect's whole change."""
+    """The MPS server's limits other than MPS's defaults (a thread percentage of 100, no
+    memory limit: none is set for the dgx-h100's shares of threads), and the MPS client
+    variables and mounts of each claim spec on disk."""
+    daemon = RecordingMpsControl(root / "mps-limits.json")
+    limits = {"threads": daemon.thread_percentage} if daemon.thread_percentage not in (
+        None, 100) else {}
     out = []
     for path in sorted((root / "cdi").glob("*.json")):
         for device in json.loads(path.read_text())["devices"]:
             edits = device["containerEdits"]
             out.append((sorted(e for e in edits.get("env", []) if e.startswith("CUDA_")),
                         edits.get("mounts", [])))
-    return out
+    return limits, daemon.pinned_mib, out
+
+
+def mps_reboot(root: Path) -> None:
+    # The control daemon forgets its limits when it quits ("The set value is lost if a quit
+    # command is executed"), and a reboot ends it.
+    (root / "mps-limits.json").unlink()
 
 
 MPS = Case(
     effect=MpsEffect, setup=_nothing, build=gpu_build,
     claim=lambda: share_claim(mps=True), probe=mps_probe,
-    applied=[(["CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
-               f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_DIR}"],
-              [{"hostPath": str(MPS_PIPE_DIR), "containerPath": str(MPS_PIPE_DIR),
-                "options": ["rbind", "rw"]}])],
-    reboot=_nothing,  # the CDI directory goes with every reboot: that is all MPS has
-    kill_at=Point.PREPARE_AFTER_SPEC_WRITTEN,  # the first point after the spec, its change
-    intent_durable=False, recorded=False,
+    applied=({"threads": 25}, {}, [(
+        ["CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
+         f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_DIR}"],
+        [{"hostPath": str(MPS_PIPE_DIR), "containerPath": str(MPS_PIPE_DIR),
+          "options": ["rbind", "rw"]}])]),
+    reboot=mps_reboot,
+    kill_at=Point.PREPARE_AFTER_SPEC_WRITTEN,  # the server's limit set and the spec written
+    intent_durable=True,
 )
 
 # -- Device metadata files (KEP-5304) -------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from agent.prepare.gpucontrol import GpuControlError, NvidiaSmi, RecordingGpuControl
+from agent.prepare.mpscontrol import RecordingMpsControl
 from discovery.model import Device, HostInfo
 from discovery.sharing import parse_sharing, shareable
 from tests.plugnode import DRIVER, NODE, Node, build_node, make_claim
@@ -33,6 +34,7 @@ def _node(root: Path, mode: str = "gpu=shares:4", memory: str | None = None,
           **options: Any) -> Node:
     n = build_node(root, **options)
     n.gpu_control = RecordingGpuControl()
+    n.mps_control = RecordingMpsControl()
     n.inventory[0] = _nvidia(n.inventory[0], mode, memory)
     n.restart()
     return n
