@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,11 @@ from click.testing import CliRunner, Result
 
 from agent.cli import main
 from agent.doctor import runtime
+from agent.doctor.context import Options
 from agent.doctor.host import HostFileError
 from agent.doctor.model import Status
 from agent.doctor.runner import run_one
+from agent.doctor.simulate import healthy_host_root
 from tests.doctor.conftest import Tree, assert_check, context
 
 CFG = "/etc/containerd/config.toml"
@@ -118,3 +121,43 @@ def test_a_sys_past_the_limit_is_bad_input(tree: Tree) -> None:
                                     "follow (the kernel refuses as many)")
     assert result.stderr.count("\n") == 1
     assert result.stdout == ""
+
+
+#: Where a chain makes no line of its own, by design: the package database and the binaries
+#: are hints (a version), read as absent when they cannot be read.
+_QUIET = ("/var/lib/dpkg", "/usr/bin")
+
+
+@pytest.mark.parametrize("start", [
+    "/etc/containerd", "/run/containerd", "/var/run", "/var/lib/kubelet",
+    "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/plugins_registry",
+    "/var/lib/kubelet/plugins", "/etc/nvidia-container-runtime", "/sys/module", "/sys",
+    "/proc", "/dev", *_QUIET])
+def test_every_place_doctor_reads_past_the_limit_is_one_line(tmp_path: Path, outside: Path,
+                                                              start: str) -> None:
+    """A healthy node with one of the doctor's places turned into a chain past the limit: no
+    check reads through it (the files beside the root hold a config and a package database
+    that would show), none crashes, and the report names the place."""
+    (outside / "status").write_text("Package: containerd.io\nStatus: install ok installed\n"
+                                    "Version: 9.9.9\n")
+    tree = Tree(tmp_path / "node")
+    healthy_host_root("dgx-h100", tree.root, Options())
+    local = tree.root / start.lstrip("/")
+    if local.is_dir() and not local.is_symlink():
+        shutil.rmtree(local)
+    else:
+        local.unlink(missing_ok=True)
+    _chain(tree, start, 41, str(outside))
+    result = _doctor(tree.root)
+    assert "Traceback" not in result.output and "bug in dra-agent doctor" not in result.output
+    if start in ("/sys", "/proc", "/dev"):
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith(f"error: --host-root: {start}: more than 40")
+        return
+    assert result.exit_code in (0, 1), result.output
+    assert "enable_cdi = true" not in result.stdout or start != "/etc/containerd"
+    assert "9.9.9" not in result.stdout
+    if start not in _QUIET:
+        lines = [c["found"] for c in json.loads(result.stdout)["checks"]
+                 if "more than 40 symbolic links" in c["found"]]
+        assert lines and all(start in line for line in lines), result.stdout
