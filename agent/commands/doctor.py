@@ -151,9 +151,13 @@ def _context(cfg: Config, root: Path | None, api: Http | None, skip: str,
 def _host_sources(host: HostRoot) -> Sources:
     """Discovery's sources for the host root. A pod mounting the host's / does not get its
     /proc and /dev (separate mounts): the pod's own stand in (hostNetwork: the same routes)."""
+    from agent.doctor.host import HostFileError
     from discovery.host import host_sources
 
-    proc, dev = host.path("/proc"), host.path("/dev")
-    return host_sources(sysfs_root=host.path("/sys"),
+    try:
+        proc, dev, sysfs = host.path("/proc"), host.path("/dev"), host.path("/sys")
+    except HostFileError as err:  # a link chain the kernel would refuse: no host to read
+        raise click.UsageError(f"--host-root: {err}") from err
+    return host_sources(sysfs_root=sysfs,
                         proc_root=proc if (proc / "net").is_dir() else Path("/proc"),
                         dev_root=dev if any(dev.glob("*")) else Path("/dev"))

@@ -3,9 +3,11 @@
 Host paths are absolute on the host, and so are many of its symlinks (``/var/run -> /run``):
 followed by the kernel they would leave the mount and name the pod's own files. ``HostRoot.path``
 therefore resolves every component itself, an absolute link target starting again at the host
-root, never above it. Every read goes through ``agent.common.safefile.read_capped``: a FIFO, a
-device or a huge file at a config's name is refused at once instead of blocking or filling
-memory, and comes back as one ``HostFileError`` line.
+root, never above it; past the kernel's 40 links it is a ``HostFileError`` (the runner shows it
+as that check's one line), never a path that still holds a link. Every read goes through
+``agent.common.safefile.read_capped``: a FIFO, a device or a huge file at a config's name is
+refused at once instead of blocking or filling memory, and comes back as one ``HostFileError``
+line.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ class HostRoot:
 
     def path(self, host_path: str | PurePosixPath) -> Path:
         """The local path of ``host_path`` (absolute on the host), its symlinks resolved
-        inside the host root. A missing component ends resolution: the rest is appended."""
+        inside the host root: no component of what it returns is a link (a missing one is kept
+        as named, and so is the rest after it). Raises ``HostFileError`` past 40 links, as the
+        kernel refuses: the rest unresolved would be links the kernel follows out of the root."""
         parts = list(PurePosixPath("/", host_path).parts[1:])
         resolved: list[str] = []
         links = 0
@@ -54,7 +58,8 @@ class HostRoot:
                 continue
             links += 1
             if links > _MAX_LINKS:
-                return self.root.joinpath(*resolved, part, *parts)
+                raise HostFileError(f"{self.shown(host_path)}: more than {_MAX_LINKS} symbolic "
+                                    "links to follow (the kernel refuses as many)")
             if target.startswith("/"):
                 resolved = []
             parts = list(PurePosixPath(target).parts[1 if target.startswith("/") else 0:]) + parts

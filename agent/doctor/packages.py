@@ -72,10 +72,10 @@ def _mentions(host: HostRoot, host_path: str, needle: bytes) -> bool | None:
     Read in chunks (never whole), without following a planted link or waiting on a FIFO."""
     import stat
 
-    local = host.path(host_path)
     try:
+        local = host.path(host_path)
         fd = os.open(local, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    except (OSError, HostFileError):
         return None
     try:
         st = os.fstat(fd)

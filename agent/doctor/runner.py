@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 from agent.doctor import api, conflicts, hardware, kubelet, runtime, selfcheck
 from agent.doctor.context import Context
-from agent.doctor.host import one_line
+from agent.doctor.host import HostFileError, one_line
 from agent.doctor.model import Check, Status, warn
 
 CheckFunc = Callable[[Context], Check]
@@ -42,6 +42,10 @@ CHECKS: tuple[tuple[str, str, CheckFunc], ...] = (
 def run_one(ctx: Context, name: str, func: CheckFunc) -> Check:
     try:
         return func(ctx)
+    except HostFileError as err:
+        # A host file (or a link on the way to it) that cannot be read: the host's problem,
+        # named in its one line, wherever in the check it came up.
+        return warn(name, one_line(str(err)), "fix the file or the link it names on the host")
     except Exception as err:  # a check's bug must not hide the other checks' answers
         return warn(name, f"the check itself failed: {type(err).__name__}: {one_line(str(err))}",
                     "a bug in dra-agent doctor: report it with this line")

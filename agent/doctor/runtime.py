@@ -118,12 +118,12 @@ def _glob(host: HostRoot, pattern: PurePosixPath) -> list[PurePosixPath]:
 
 def _containerd(host: HostRoot, installed: Installed | None) -> Runtime | None:
     socket = host.is_socket(CONTAINERD_SOCKET)
-    if not host.exists(CONTAINERD_CONFIG):
-        # No file: containerd runs on its built-in defaults (version 2 in 1.x, 3 in 2.x).
-        return Runtime("containerd", socket, {}, ()) if socket else None
     config: dict[str, Any] = {"plugins": {}}
     files: list[str] = []
     try:
+        if not host.exists(CONTAINERD_CONFIG):  # (a link chain past the limit raises here)
+            # No file: containerd runs on its built-in defaults (version 2 in 1.x, 3 in 2.x).
+            return Runtime("containerd", socket, {}, ()) if socket else None
         # An installed 2.x merges like 2.x whatever the config's version.
         two = installed is not None and (installed.major_minor or (0, 0)) >= (2, 0)
         _merge_containerd(host, CONTAINERD_CONFIG, config, files, set(),
@@ -135,12 +135,13 @@ def _containerd(host: HostRoot, installed: Installed | None) -> Runtime | None:
 
 def _crio(host: HostRoot) -> Runtime | None:
     socket = host.is_socket(CRIO_SOCKET)
-    if not host.is_dir(CRIO_DIR):
-        return Runtime("CRI-O", socket, {}, ()) if socket else None
-    drop_ins = [f"{CRIO_DIR}/crio.conf.d/{n}" for n in host.listdir(f"{CRIO_DIR}/crio.conf.d")]
     config: dict[str, Any] = {}
     files: list[str] = []
     try:
+        if not host.is_dir(CRIO_DIR):  # (a link chain past the limit raises here)
+            return Runtime("CRI-O", socket, {}, ()) if socket else None
+        drop_ins = [f"{CRIO_DIR}/crio.conf.d/{n}"
+                    for n in host.listdir(f"{CRIO_DIR}/crio.conf.d")]
         for path in [f"{CRIO_DIR}/crio.conf", *drop_ins]:
             if not host.exists(path):
                 continue

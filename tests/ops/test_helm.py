@@ -13,11 +13,9 @@ helm with, and these tests skip, saying so.
 from __future__ import annotations
 
 import copy
-import fcntl
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -36,8 +34,6 @@ from tests.ops.openapi import KUBE_VERSIONS, OpenAPI, swagger
 from tests.ops.runconfig import run_config
 
 CHART = REPO / "deploy" / "helm" / "dra-agent"
-BUILD = REPO / "hack" / "realk8s" / "build.sh"
-HELM = REPO / "hack" / "realk8s" / "bin" / "helm"
 Obj = dict[str, Any]
 #: The labels the chart adds to deploy/base's on every object's metadata.
 HELM_LABELS = ("app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
@@ -98,33 +94,6 @@ SAME_AS: dict[str, dict[str, Any]] = {
                           "nodeSelector": {"nvidia.com/gpu.present": "true"},
                           "resources": {"limits": {"memory": "768Mi"}}},
 }
-
-
-def _go() -> str | None:
-    return shutil.which("go") or next(
-        (str(p) for p in (Path("/usr/local/go/bin/go"),) if p.is_file()), None)
-
-
-@pytest.fixture(scope="session")
-def helm() -> Path:
-    """bin/helm, built (or found current) by build.sh."""
-    go = _go()
-    if go is None:
-        if HELM.is_file():
-            return HELM
-        pytest.skip("bin/helm is not built and there is no Go (>= 1.26) to build it with: "
-                    "run hack/realk8s/build.sh helm")
-    env = {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"}
-    # One build at a time: each pytest-xdist worker asks for helm in its own session, and
-    # build.sh would build it cold in every one of them at once; the next one finds it current.
-    HELM.parent.mkdir(parents=True, exist_ok=True)
-    with (HELM.parent / ".helm-test.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        out = subprocess.run([str(BUILD), "helm"], capture_output=True, text=True,
-                             timeout=1700, check=False, env=env)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(HELM)
-    return HELM
 
 
 def run_helm(helm: Path, *args: str, values: dict[str, Any] | None = None,

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.ops.test_helm import CHART, HELM, NON_DEFAULT
+from tests.ops.conftest import HELM
+from tests.ops.test_helm import CHART, NON_DEFAULT
 from tests.realk8s.cluster import RealCluster
 from tests.realk8s.conftest import StartCluster
 
