@@ -7,9 +7,7 @@ simulated node and in tests.
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import subprocess
 import threading
 from collections.abc import Callable
@@ -17,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from agent.claim.opaque import TIME_SLICES
+from agent.prepare.standin import find_driver_tool, load_state, save_state
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +66,8 @@ class RecordingGpuControl:
         self.state = state
         self.time_slices: dict[str, str] = {}
         if state is not None:
-            try:
-                loaded = json.loads(state.read_text())
-            except (OSError, ValueError):
-                loaded = {}
-            if isinstance(loaded, dict):
-                self.time_slices = {k: v for k, v in loaded.items()
-                                    if isinstance(k, str) and isinstance(v, str)}
+            self.time_slices = {k: v for k, v in load_state(state).items()
+                                if isinstance(k, str) and isinstance(v, str)}
         self.calls: list[tuple[str, str]] = []
         #: uuid -> error to raise (a test's stand-in for a GPU that refuses).
         self.failures: dict[str, str] = {}
@@ -85,19 +79,11 @@ class RecordingGpuControl:
                 raise GpuControlError(self.failures[uuid])
             self.time_slices[uuid] = level
             if self.state is not None:
-                tmp = self.state.with_name(self.state.name + ".tmp")
-                tmp.write_text(json.dumps(self.time_slices, sort_keys=True))
-                tmp.replace(self.state)
+                save_state(self.state, dict(self.time_slices))
 
 
 def find_nvidia_smi(driver_root: Path) -> Path | None:
-    """nvidia-smi of the driver the node runs: under ``driver_root`` first (a containerised
-    driver), else on PATH."""
-    for candidate in (driver_root / "usr" / "bin" / "nvidia-smi",
-                      driver_root / "bin" / "nvidia-smi"):
-        if candidate.is_file():
-            return candidate
-    found = shutil.which("nvidia-smi")
-    return Path(found) if found else None
+    """nvidia-smi of the driver the node runs (``find_driver_tool``)."""
+    return find_driver_tool(driver_root, "nvidia-smi")
 
 

@@ -39,15 +39,15 @@ v3's namespaces (one per claim, its own pipe directory), which this agent does n
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
+
+from agent.prepare.standin import find_driver_tool, load_state, save_state
 
 BINARY = "nvidia-cuda-mps-control"
 #: A set command's answer: nothing, or the value it now holds ("25.0", "20480M", "20G").
@@ -151,12 +151,7 @@ class RecordingMpsControl:
             self._load(state)
 
     def _load(self, state: Path) -> None:
-        try:
-            loaded = json.loads(state.read_text())
-        except (OSError, ValueError):
-            return
-        if not isinstance(loaded, dict):
-            return
+        loaded = load_state(state)
         threads = loaded.get("activeThreadPercentage")
         self.thread_percentage = threads if isinstance(threads, int) else None
         memory = loaded.get("pinnedMemoryMiB")
@@ -183,17 +178,10 @@ class RecordingMpsControl:
     def _save(self) -> None:
         if self.state is None:
             return
-        tmp = self.state.with_name(self.state.name + ".tmp")
-        tmp.write_text(json.dumps({"activeThreadPercentage": self.thread_percentage,
-                                   "pinnedMemoryMiB": self.pinned_mib}, sort_keys=True))
-        tmp.replace(self.state)
+        save_state(self.state, {"activeThreadPercentage": self.thread_percentage,
+                                "pinnedMemoryMiB": self.pinned_mib})
 
 
 def find_mps_control(driver_root: Path) -> Path | None:
-    """nvidia-cuda-mps-control of the driver the node runs: under ``driver_root`` first (a
-    containerised driver), else on PATH."""
-    for candidate in (driver_root / "usr" / "bin" / BINARY, driver_root / "bin" / BINARY):
-        if candidate.is_file():
-            return candidate
-    found = shutil.which(BINARY)
-    return Path(found) if found else None
+    """nvidia-cuda-mps-control of the driver the node runs (``find_driver_tool``)."""
+    return find_driver_tool(driver_root, BINARY)
