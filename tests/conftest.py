@@ -7,13 +7,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 # Property tests draw the same cases on every run, as the mutation fuzzer does with its seed 0:
 # CI answers for the change under test, not for a new draw. A failure found by exploring
 # (`pytest --hypothesis-profile=explore tests/fuzz`, fresh draws each run) becomes an explicit
 # regression case next to the parser it broke.
-settings.register_profile("derandomized", derandomize=True, database=None)
+# Hypothesis's too_slow check times input generation against the wall clock, so on a 2-CPU
+# machine under load it fails a run whose every assertion holds (seen at load 16): off, as
+# timing belongs in ``python -m hack.bench``, never in a test's verdict.
+settings.register_profile("derandomized", derandomize=True, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("explore", derandomize=False, database=None)
 settings.load_profile("derandomized")
 
