@@ -22,7 +22,7 @@ from discovery.partitions import OwnedKey
 from discovery.sharing import SharingMode, apply_sharing
 from discovery.sources import Sources
 from discovery.sysfs import Sysfs, endpoints_below
-from discovery.vfs import candidates, with_bandwidth
+from discovery.vfs import on_demand, with_bandwidth
 
 log = logging.getLogger("discovery.scan")
 
@@ -124,17 +124,16 @@ def discover(sources: Sources, options: DiscoveryOptions | None = None) -> Inven
             want_nic=options.wants(DeviceType.NIC), want_vf=options.wants(DeviceType.VF),
             nic_filter=NicFilter(options.include_ifaces, options.exclude_ifaces),
         )
-        devices += nic_scan.devices
         reserved.update(nic_scan.reserved)
+        nic_devices = nic_scan.devices
         if options.vfs == "dynamic" and options.wants(DeviceType.VF):
-            vf_sets, vf_candidates = candidates(sources.sysfs_root, nic_scan.devices)
+            vf_sets, nic_devices = on_demand(sources.sysfs_root, nic_devices)
             if options.vf_bandwidth_mbps is not None:
-                vf_sets, devices = with_bandwidth(
-                    sources.sysfs_root, devices + vf_candidates, vf_sets,
-                    options.vf_bandwidth_mbps, warnings)
-            else:
-                devices += vf_candidates
+                vf_sets, nic_devices = with_bandwidth(
+                    sources.sysfs_root, nic_devices, vf_sets, options.vf_bandwidth_mbps,
+                    warnings)
             counter_sets += vf_sets
+        devices += nic_devices
 
     devices = apply_sharing(devices, options.sharing, warnings)
     devices = _unique([fit_limits(d) for d in devices], warnings)

@@ -1,5 +1,7 @@
 """VFs on demand (``--vfs dynamic``): a PF with SR-IOV and no VFs yet offers the VFs it could
-have as candidate devices consuming from its counter set (``<pf>-vfs``: ``vfs`` = TotalVFs).
+have as candidate devices consuming from its counter set (``<pf>-vfs``: ``vfs`` = TotalVFs, or
+NumVFs once they exist). The PF consumes the whole set, so it and its VFs are never allocated
+at once (``on_demand``).
 
 The kernel changes ``sriov_numvfs`` only from 0 to N or from N to 0: VFs cannot be added one
 at a time, and going back to 0 destroys every VF, in use or not. So the agent **pre-sizes on
@@ -32,7 +34,7 @@ import re
 import socket
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
@@ -106,34 +108,67 @@ def _read_int_hex(path: Path) -> int | None:
         return None
 
 
-def candidates(sysfs_root: Path, nics: Sequence[Device]) -> tuple[list[CounterSet], list[Device]]:
-    """Counter sets and candidate VFs of every offered PF that has SR-IOV and no VFs."""
+def on_demand(sysfs_root: Path, nics: Sequence[Device]) -> tuple[list[CounterSet], list[Device]]:
+    """The counter set of every offered SR-IOV PF and ``nics`` as ``--vfs dynamic`` offers
+    them: a PF with no VFs gains its candidates, each consuming one ``vfs`` of TotalVFs; a PF
+    whose VFs exist, its VFs each consuming one of NumVFs (the count the agent made, so the
+    set stays what it was across the pre-sizing). The PF itself consumes the whole set: a
+    PF's holder controls every VF of it (``ip link set <pf> vf N ...``, and its netdev
+    leaving the host takes the VFs' caps and MAC resets with it), so the scheduler never
+    hands out a PF and any of its VFs at once (#28, finding 4)."""
     sets: list[CounterSet] = []
-    out: list[Device] = []
+    made: list[Device] = []
+    whole: dict[str, tuple[str, str]] = {}  # PF address -> (its set, the whole count)
     for pf in nics:
         if pf.type != DeviceType.NIC or not pf.host.pci_address:
             continue
         base = sysfs_root / "bus" / "pci" / "devices" / pf.host.pci_address
         total, num = _read_int(base / "sriov_totalvfs"), _read_int(base / "sriov_numvfs")
         offset, stride = _read_int(base / "sriov_offset"), _read_int(base / "sriov_stride")
-        if not total or num != 0 or offset is None or stride is None:
-            continue  # no SR-IOV, VFs already there (offered as they are), or unreadable
+        if not total or num is None:
+            continue  # no SR-IOV, or unreadable
+        if num == 0 and (offset is None or stride is None):
+            continue  # where its VFs would be is unknown: none offered
         set_name = counter_set_name(pf.name)
-        sets.append(CounterSet(set_name, {COUNTER: str(total)}))
-        shared: dict[str, AttributeValue] = {
-            k: v for k, v in pf.attributes.items() if k in _COPIED}
-        shared.update(isVF=True, parentPF=pf.host.pci_address, partition=True)
-        vf_device = _read_int_hex(base / "sriov_vf_device")
-        if vf_device is not None:
-            shared["pciDeviceID"] = f"{vf_device:04x}"
-        for index in range(total):
-            bdf = vf_address(pf.host.pci_address, offset, stride, index)
-            attrs = {**shared, "vfIndex": index, PCI_BUS_ID: bdf}
-            host = HostInfo(pci_address=bdf, vendor=pf.host.vendor, parent_pf=pf.host.pci_address,
-                            extra={EXTRA_CANDIDATE: str(index), EXTRA_TOTAL: str(total)})
-            out.append(Device(pci_name("vf", bdf), DeviceType.VF, attrs, {}, host,
-                              consumes=(CounterConsumption(set_name, {COUNTER: "1"}),)))
-    return sets, out
+        count = str(num or total)
+        sets.append(CounterSet(set_name, {COUNTER: count}))
+        whole[pf.host.pci_address] = (set_name, count)
+        if num == 0:
+            assert offset is not None and stride is not None
+            made += _candidates(base, pf, set_name=set_name, total=total, offset=offset,
+                                stride=stride)
+    out: list[Device] = []
+    for device in nics:
+        key = device.host.parent_pf if device.type == DeviceType.VF else (
+            device.host.pci_address if device.type == DeviceType.NIC else None)
+        if key not in whole:
+            out.append(device)
+            continue
+        set_name, count = whole[key or ""]
+        out.append(replace(device, consumes=(*device.consumes, CounterConsumption(
+            set_name, {COUNTER: count if device.type == DeviceType.NIC else "1"}))))
+    return sets, out + made
+
+
+def _candidates(base: Path, pf: Device, *, set_name: str, total: int, offset: int,
+                stride: int) -> list[Device]:
+    """The ``total`` VFs ``pf`` could have, named and addressed as the kernel will make them."""
+    assert pf.host.pci_address
+    shared: dict[str, AttributeValue] = {
+        k: v for k, v in pf.attributes.items() if k in _COPIED}
+    shared.update(isVF=True, parentPF=pf.host.pci_address, partition=True)
+    vf_device = _read_int_hex(base / "sriov_vf_device")
+    if vf_device is not None:
+        shared["pciDeviceID"] = f"{vf_device:04x}"
+    out = []
+    for index in range(total):
+        bdf = vf_address(pf.host.pci_address, offset, stride, index)
+        attrs = {**shared, "vfIndex": index, PCI_BUS_ID: bdf}
+        host = HostInfo(pci_address=bdf, vendor=pf.host.vendor, parent_pf=pf.host.pci_address,
+                        extra={EXTRA_CANDIDATE: str(index), EXTRA_TOTAL: str(total)})
+        out.append(Device(pci_name("vf", bdf), DeviceType.VF, attrs, {}, host,
+                          consumes=(CounterConsumption(set_name, {COUNTER: "1"}),)))
+    return out
 
 
 def with_bandwidth(sysfs_root: Path, devices: Sequence[Device], sets: Sequence[CounterSet],
@@ -172,7 +207,20 @@ def with_bandwidth(sysfs_root: Path, devices: Sequence[Device], sets: Sequence[C
             device, consumes=tuple(consumes),
             capacity={**device.capacity, BANDWIDTH: rate_quantity(mbps)},
             host=replace(device.host, extra={**device.host.extra, EXTRA_RATE: str(mbps)})))
-    return list(by_name.values()), out
+    return list(by_name.values()), [_whole_link(d, by_name) for d in out]
+
+
+def _whole_link(device: Device, sets: Mapping[str, CounterSet]) -> Device:
+    """A PF whose VFs are guaranteed bandwidth consumes all of it (``on_demand`` says why):
+    its own traffic has no share to keep to."""
+    if device.type != DeviceType.NIC:
+        return device
+    link = sets.get(counter_set_name(device.name))
+    if link is None or BANDWIDTH not in link.counters:
+        return device
+    return replace(device, consumes=tuple(
+        replace(c, counters={**c.counters, BANDWIDTH: link.counters[BANDWIDTH]})
+        if c.counter_set == link.name else c for c in device.consumes))
 
 
 def _link_mbps(sysfs_root: Path, pf: str) -> int | None:

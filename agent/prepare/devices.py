@@ -17,7 +17,7 @@ from agent.checkpoint.model import PreparedDevice
 from agent.claim.model import AllocatedDevice, ClaimRef
 from agent.claim.opaque import DeviceConfig, SharingConfig
 from agent.claim.status import NicStatus
-from agent.prepare.errors import BadConfigError
+from agent.prepare.errors import BadConfigError, admin_refusal
 from cdi.spec import Mount
 from discovery.model import Device, DeviceType
 
@@ -46,6 +46,10 @@ class SpecDevice:
     sharing: SharingConfig = field(default_factory=SharingConfig)
     #: ``vf.driver`` of the claim's config for a VF (``agent.prepare.effects.vfs``); None otherwise.
     vf_driver: str | None = None
+    #: Allocated with admin access: no effect changes the host for it (``admin_refusal``).
+    admin_access: bool = False
+    #: The request the device was allocated for (error lines name it).
+    request: str = ""
 
     @property
     def pod_interface(self) -> str | None:
@@ -59,10 +63,16 @@ def spec_device(
 ) -> SpecDevice:  # fmt: skip
     """The device with its netdev choice; a GPU ignores a claim-wide ``netdev``."""
     vf_driver = config.vf_driver if device.type == DeviceType.VF else None
+    admin = result.admin_access
     if not (config.move_netdev and device.type in NETDEV_TYPES):
         return SpecDevice(device=device, env=env, share_id=result.share_id,
                           consumed=result.consumed_capacity, sharing=config.sharing,
-                          vf_driver=vf_driver)
+                          vf_driver=vf_driver, admin_access=admin,
+                          request=result.base_request)
+    if admin:
+        raise admin_refusal(str(ref), device.name, result.base_request,
+                            "netdev.move would take its interface out of the host's "
+                            "namespace (and out of its holder's pod); drop netdev.move")
     if not device.host.if_name:
         raise BadConfigError(
             str(ref),
@@ -80,7 +90,7 @@ def spec_device(
         )
     return SpecDevice(device=device, env=env, move_netdev=True,
                       interface_name=config.pod_interface_name,
-                      vf_driver=vf_driver)  # fmt: skip
+                      vf_driver=vf_driver, request=result.base_request)  # fmt: skip
 
 
 def env_key(device_name: str) -> str:

@@ -33,6 +33,7 @@ from agent.prepare.devices import NETDEV_TYPES, nic_status
 from agent.prepare.effects.base import Release, left_alone, reversed_effects
 from agent.prepare.errors import CheckpointUnavailableError, DeviceTakenError
 from agent.prepare.gauges import update_gauges
+from agent.prepare.pfvf import check_pf_and_vfs
 from agent.prepare.recovery import RecoveryReport, recover
 from agent.prepare.shares import check_shares
 from discovery.model import Inventory
@@ -98,6 +99,7 @@ class DevicePreparer:
             self._check_free(ref, results, claims)
             check_shares(ref, results, step.record.devices, claims, inventory=inventory,
                          pool=self.pool)
+            check_pf_and_vfs(ref, results, claims, inventory=inventory, pool=self.pool)
             for effect in self.effects:
                 effect.check(step, claims)
             claims[ref.uid] = step.record

@@ -27,7 +27,12 @@ from agent.checkpoint.model import ClaimRecord, PreparedDevice, holders
 from agent.claim.model import AllocatedDevice, ClaimRef
 from agent.common.quantity import QuantityError, format_quantity, parse_quantity
 from agent.prepare.devices import SpecDevice
-from agent.prepare.errors import BadConfigError, CapacityExceededError, NotShareableError
+from agent.prepare.errors import (
+    BadConfigError,
+    CapacityExceededError,
+    NotShareableError,
+    admin_refusal,
+)
 from discovery.model import Device, DeviceType
 
 
@@ -119,6 +124,10 @@ def check_config(ref: ClaimRef, item: SpecDevice, request: str) -> None:
     if not sharing.is_set:
         return
     device = item.device
+    if item.admin_access:
+        raise admin_refusal(str(ref), device.name, request,
+                            "sharing would set the GPU's time slice or MPS limits for every "
+                            "share of it; drop sharing for admin-access requests")
     where = f"opaque config for request {request}: sharing"
     if not item.share_id or not device.allow_multiple_allocations:
         raise BadConfigError(str(ref), f"{where}: device {device.name} is not allocated as a "

@@ -27,15 +27,21 @@ def devices(cluster: Cluster) -> dict[str, dict[str, Any]]:
     return {d["name"]: d for s in cluster.node_slices() for d in s["spec"].get("devices") or ()}
 
 
+def consuming_vfs(got: dict[str, dict[str, Any]]) -> int:
+    """The VFs (to be, or made) that consume from their PF's counter set."""
+    return sum(1 for name, d in got.items() if name.startswith("vf-") and "consumesCounters" in d)
+
+
 def test_a_vf_made_on_first_use_from_slices_to_the_pod(
     dirs: NodeDirs, cluster: Cluster, start_agent: StartAgent, kubelet: KubeletStandIn,
 ) -> None:
     start_agent("--vfs", "dynamic", profile="sriov-novfs")
     wait_registered(kubelet)
     published = wait_for("128 candidate VFs", lambda: (got := devices(cluster))
-                         and sum(1 for d in got.values() if "consumesCounters" in d) == 128
-                         and got, timeout=30)
+                         and consuming_vfs(got) == 128 and got, timeout=30)
     assert "vf-0000-3b-00-2" in published
+    assert published["nic-0000-3b-00-0"]["consumesCounters"] == [  # the PF: all of its set
+        {"counterSet": "nic-0000-3b-00-0-vfs", "counters": {"vfs": {"value": "64"}}}]
     sets = [c["name"] for s in cluster.node_slices() for c in s["spec"].get("sharedCounters") or ()]
     assert sorted(sets) == ["nic-0000-3b-00-0-vfs", "nic-0000-3b-00-1-vfs"]
 
@@ -52,12 +58,14 @@ def test_a_vf_made_on_first_use_from_slices_to_the_pod(
     def made() -> dict[str, dict[str, Any]] | None:
         got = devices(cluster)
         vf = got.get(picked, {})
-        return got if "consumesCounters" not in vf and "ifName" in vf.get("attributes", {}) \
-            else None
+        return got if "ifName" in vf.get("attributes", {}) else None
 
     now = wait_for("the made VFs published", made, timeout=30)
     assert now[picked]["attributes"]["ifName"] == {"string": "enp59s0f0v0"}
-    assert sum(1 for d in now.values() if "consumesCounters" in d) == 64  # PF1 still unmade
+    # Made, each still one of its PF's set (which the PF consumes whole); PF1's still to be.
+    assert now[picked]["consumesCounters"] == [{"counterSet": "nic-0000-3b-00-0-vfs",
+                                                "counters": {"vfs": {"value": "1"}}}]
+    assert consuming_vfs(now) == 128
     kubelet.unprepare(DRIVER, [ref(claim)])
     assert not list(dirs.cdi.glob(f"*{uid}*.json"))
 
@@ -70,8 +78,7 @@ def test_vf_bandwidth_survives_the_vfs_being_made(
     agent = start_agent("--vfs", "dynamic", "--vf-bandwidth", "25G", profile="sriov-novfs")
     wait_registered(kubelet)
     published = wait_for("8 VFs-to-be", lambda: (got := devices(cluster))
-                         and sum(1 for d in got.values() if "consumesCounters" in d) == 8
-                         and got, timeout=30)
+                         and consuming_vfs(got) == 8 and got, timeout=30)
     sets = {c["name"]: c["counters"] for s in cluster.node_slices()
             for c in s["spec"].get("sharedCounters") or ()}
     assert sets["nic-0000-3b-00-0-vfs"]["bandwidth"] == {"value": "100G"}
@@ -89,8 +96,8 @@ def test_vf_bandwidth_survives_the_vfs_being_made(
         return got if "ifName" in vf.get("attributes", {}) else None
 
     now = wait_for("the made VFs published", made, timeout=30)
-    assert now[picked]["consumesCounters"] == [{"counterSet": "nic-0000-3b-00-0-vfs",
-                                                "counters": {"bandwidth": {"value": "25G"}}}]
-    assert sum(1 for d in now.values() if "consumesCounters" in d) == 8
+    assert now[picked]["consumesCounters"] == [{"counterSet": "nic-0000-3b-00-0-vfs", "counters": {
+        "bandwidth": {"value": "25G"}, "vfs": {"value": "1"}}}]
+    assert consuming_vfs(now) == 8
     kubelet.unprepare(DRIVER, [ref(claim)])
     wait_for("the cap lifted", lambda: 'msg="VF rate cap lifted"' in agent.logs(), timeout=10)

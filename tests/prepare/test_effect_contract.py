@@ -36,6 +36,7 @@ import pytest
 
 from agent.checkpoint.model import ClaimState
 from agent.checkpoint.store import CheckpointStore
+from agent.claim.model import ClaimError
 from agent.claim.parse import parse_claim
 from agent.common.failpoints import Failpoints, Point
 from agent.daemon import wiring
@@ -49,6 +50,7 @@ from agent.prepare.effects.miginstance import owned_instances
 from agent.prepare.effects.mps import MpsEffect
 from agent.prepare.effects.timeslice import TimeSliceEffect
 from agent.prepare.effects.vfs import VfEffect
+from agent.prepare.errors import AdminAccessError
 from agent.prepare.gpucontrol import RecordingGpuControl
 from agent.prepare.metadatafiles import HostMetadataFiles
 from agent.prepare.mpscontrol import RecordingMpsControl
@@ -96,6 +98,9 @@ class Case:
     #: What the claim's pod does to the state the effect owns while it runs (release
     #: undoes that too).
     workload: Callable[[Path], None] | None = None
+    #: The probe's part that is the owner's claim: an admin-access claim may have state of
+    #: its own (its metadata files), never a change to what the owner holds.
+    owners: Callable[[Any], object] = lambda probed: probed
 
 
 def _nothing(root: Path) -> None:
@@ -320,6 +325,8 @@ MPS = Case(
     reboot=mps_reboot,
     kill_at=Point.PREPARE_AFTER_SPEC_WRITTEN,  # the server's limit set and the spec written
     intent_durable=True,
+    # A spec with no MPS edits is another claim's (an admin-access one's): not the owner's.
+    owners=lambda probed: (*probed[:2], [spec for spec in probed[2] if spec != ([], [])]),
 )
 
 # -- Device metadata files (KEP-5304) -------------------------------------------------------
@@ -355,6 +362,7 @@ METADATA = Case(
     reboot=metadata_reboot,
     kill_at=Point.PREPARE_AFTER_SPEC_WRITTEN,  # the first point after the files are written
     intent_durable=False,
+    owners=lambda probed: {k: v for k, v in probed.items() if k.startswith("default_train")},
 )
 
 CASES = {c.effect.__name__: c for c in (MIG, VF, TIME_SLICE, MPS, METADATA)}
@@ -516,3 +524,43 @@ def test_a_second_start_up_has_nothing_to_do(case: Case, tmp_path: Path) -> None
     assert case.probe(tmp_path, again) == case.applied
     assert again.checkpoint.claims() == claims
     assert again.builder.specs.path(record.uid).read_bytes() == spec
+
+
+def admin_claim(raw: dict[str, Any], *, configs: bool) -> dict[str, Any]:
+    """``raw``'s devices, allocated again to a monitoring claim with admin access (with
+    ``raw``'s configs, or none)."""
+    allocation = raw["status"]["allocation"]["devices"]
+    results = [{**r, "adminAccess": True} for r in allocation["results"]]
+    return make_claim("monitor", results=results,
+                      config=copy.deepcopy(allocation["config"]) if configs else [])
+
+
+@every_case
+@pytest.mark.parametrize("configs", [True, False], ids=["owners-config", "no-config"])
+def test_an_admin_access_claim_changes_nothing_its_devices_holder_has(
+        case: Case, configs: bool, tmp_path: Path) -> None:
+    """Finding 3 of #28: admin access is for monitoring. Beside the claim holding the
+    devices, an admin-access claim of the same devices either is refused in one line naming
+    admin access (it asked for a change: a driver, a partition, an interval) or is prepared
+    and unprepared without touching what the holder's effect made and its pod set."""
+    preparer = node(case, tmp_path)
+    before = case.probe(tmp_path, preparer)
+    owner = preparer.prepare(parse_claim(case.claim()))
+    if case.workload is not None:
+        case.workload(tmp_path)
+    held = case.owners(case.probe(tmp_path, preparer))
+    monitor = parse_claim(admin_claim(case.claim(), configs=configs))
+    try:
+        record = preparer.prepare(monitor)
+    except ClaimError as err:
+        assert "allocated with admin access" in str(err) and "\n" not in str(err)
+        assert isinstance(err, AdminAccessError)
+        assert set(preparer.checkpoint.claims()) == {owner.uid}
+    else:
+        assert all(d.admin_access for d in record.devices)
+        assert case.owners(case.probe(tmp_path, preparer)) == held
+        preparer.unprepare(record.uid)
+    assert case.probe(tmp_path, preparer) == held
+    assert set(preparer.checkpoint.claims()) == {owner.uid}
+    preparer.unprepare(owner.uid)  # the holder's own unprepare still undoes all of it
+    assert case.probe(tmp_path, preparer) == before

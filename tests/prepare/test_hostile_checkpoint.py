@@ -175,6 +175,26 @@ def test_unprepare_of_a_planted_record_unsets_no_other_claims_mac_or_cap(
     assert planted["uid"] not in restarted.checkpoint.claims()
 
 
+@CHECKSUMS
+def test_an_admin_access_record_naming_the_holders_vfs_changes_neither(
+        tmp_path: Path, valid_checksum: bool) -> None:
+    """Finding 3: a completed record holding the agent's own claim's VFs with admin access,
+    naming their true PF, index and address, as marks prepare never writes for admin access
+    (the holder's MAC and cap, a driver to give back): its unprepare touches none of them."""
+    planted = record("", device("vf-0000-3b-08-3", pciAddress="0000:3b:08.3",
+                                adminAccess=True, vfMacReset={"pf": PF1, "index": 1},
+                                vfRateCap={"pf": PF1, "index": 1}),
+                     device("vf-0000-3b-00-3", pciAddress="0000:3b:00.3", adminAccess=True,
+                            vfRestoreDriver="mlx5_core"), state="PrepareCompleted")
+    plant(vf_node(tmp_path), [planted], valid_checksum=valid_checksum)
+    restarted = vf_preparer(tmp_path)
+    restarted.recover()
+    before = host_tree(tmp_path)
+    restarted.unprepare(planted["uid"])
+    assert host_tree(tmp_path) == before
+    assert planted["uid"] not in restarted.checkpoint.claims()
+
+
 def test_a_salvaged_record_keeps_its_vfs_taken_and_gives_nothing_back(tmp_path: Path) -> None:
     """The agent's own claim, in a file whose checksum is wrong: its VFs stay taken, and
     neither start-up nor its unprepare rebinds or uncaps anything."""

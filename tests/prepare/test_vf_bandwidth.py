@@ -46,14 +46,19 @@ def test_vfs_to_be_and_made_vfs_consume_their_rate_of_the_link(tmp_path: Path) -
     # allocated (and would make a claim for five try every four of 64 in the scheduler).
     offered = [d for d in novfs.devices if d.type == "vf"]
     assert [d.attributes["vfIndex"] for d in offered] == [0, 1, 2, 3] * 2
-    # VFs that exist consume from the same set: no VF count to keep, the link still is.
+    # VFs that exist consume from the same set, as the pre-sizing left it (NumVFs).
     made = discover(simulated_sources("sriov-nic", tmp_path / "b"), BANDWIDTH)
-    assert counters(made) == {"nic-0000-3b-00-0-vfs": {"bandwidth": "100G"},
-                              "nic-0000-3b-00-1-vfs": {"bandwidth": "100G"}}
+    assert counters(made) == {"nic-0000-3b-00-0-vfs": {"vfs": "64", "bandwidth": "100G"},
+                              "nic-0000-3b-00-1-vfs": {"vfs": "64", "bandwidth": "100G"}}
     vfs = [d for d in made.devices if d.type == "vf"]
     assert sorted(d.attributes["vfIndex"] for d in vfs) == [0, 0, 1, 1, 2, 2, 3, 3]
     assert all(d.to_api()["consumesCounters"][0]["counters"] == {
-        "bandwidth": {"value": "25G"}} for d in vfs)
+        "bandwidth": {"value": "25G"}, "vfs": {"value": "1"}} for d in vfs)
+    # The PF consumes the whole set, its link included: never allocated beside its VFs.
+    for inv in (novfs, made):
+        assert inv.by_name()["nic-0000-3b-00-0"].to_api()["consumesCounters"] == [{
+            "counterSet": "nic-0000-3b-00-0-vfs", "counters": {
+                "bandwidth": {"value": "100G"}, "vfs": {"value": "64"}}}]
     assert not made.warnings and not novfs.warnings
 
 

@@ -51,6 +51,8 @@ def test_a_pf_without_vfs_offers_its_vfs_to_be(sources: Sources, tmp_path: Path)
     first = inv.by_name()["vf-0000-3b-00-2"]
     assert first.to_api()["consumesCounters"] == [
         {"counterSet": "nic-0000-3b-00-0-vfs", "counters": {"vfs": {"value": "1"}}}]
+    assert inv.by_name()["nic-0000-3b-00-0"].to_api()["consumesCounters"] == [  # all of it
+        {"counterSet": "nic-0000-3b-00-0-vfs", "counters": {"vfs": {"value": "64"}}}]
     assert first.attributes["parentPF"] == PF0 and first.attributes["vfIndex"] == 0
     # Named as the VFs will be: the same names sriov-nic (VFs made) publishes.
     made = discover(simulated_sources("sriov-nic", tmp_path / "made"))
@@ -60,7 +62,19 @@ def test_a_pf_without_vfs_offers_its_vfs_to_be(sources: Sources, tmp_path: Path)
 
 def test_pfs_with_vfs_or_without_sriov_offer_no_candidates(tmp_path: Path) -> None:
     made = simulated_sources("sriov-nic", tmp_path / "made")
-    assert discover(made, DYNAMIC) == discover(made)
+    dynamic, static = discover(made, DYNAMIC), discover(made)
+    # The VFs as they are, no candidates; their count is the PF's counter set (what the
+    # pre-sizing made), each VF consuming one and the PF all of it (test_pf_and_vfs.py).
+    assert [d.name for d in dynamic.devices] == [d.name for d in static.devices]
+    assert [(c.name, dict(c.counters)) for c in dynamic.counter_sets] == [
+        ("nic-0000-3b-00-0-vfs", {"vfs": "64"}), ("nic-0000-3b-00-1-vfs", {"vfs": "64"})]
+    consumed = {d.name: d.to_api().get("consumesCounters") for d in dynamic.devices}
+    assert consumed["nic-0000-3b-00-0"] == [
+        {"counterSet": "nic-0000-3b-00-0-vfs", "counters": {"vfs": {"value": "64"}}}]
+    assert consumed["vf-0000-3b-00-2"] == [
+        {"counterSet": "nic-0000-3b-00-0-vfs", "counters": {"vfs": {"value": "1"}}}]
+    assert not static.counter_sets and not any(consumed_static for consumed_static in (
+        d.to_api().get("consumesCounters") for d in static.devices))
     h100 = discover(simulated_sources("dgx-h100", tmp_path / "h100"), DYNAMIC)
     assert not h100.counter_sets and not [d for d in h100.devices if d.type == "vf"]
 

@@ -169,3 +169,40 @@ def test_vf_bandwidth_slices_are_stored_and_allocator_and_explain_agree(
     assert answer.get("unschedulable") is True, answer
     refused = explain(five, classes, slices, node, **kwargs)
     assert not refused.fits
+
+
+def test_a_pf_and_its_vfs_are_never_allocated_together_by_either_allocator(
+    minor: str, cluster: RealCluster, start_cluster: StartCluster, start_agent: StartAgent,
+) -> None:
+    """#28, finding 4: the PF consumes the whole of its counter set (every VF to be and its
+    whole link), so with the PF allocated neither allocator places one of its VFs, and with
+    a VF allocated neither places the PF; the other PF's VF still fits."""
+    from agent.explain import explain
+
+    node = "node-pf-vf"
+    real, slices = agent_on(minor, cluster, start_cluster, start_agent, node, "sriov-novfs",
+                            "--vfs", "dynamic", "--vf-bandwidth", "25G")
+    classes = real.admin.request("GET", f"{RESOURCE}/v1/deviceclasses").json()["items"]
+    kwargs: dict[str, Any] = {"kubernetes_version": minor, "feature_gates": GATE}
+    pf = real.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "the-pf", "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "pf", "exactly": {
+            "deviceClassName": f"nic.{DRIVER}", "selectors": [{"cel": {"expression":
+                "device.attributes['resource.kubernetes.io'].pciBusID == '0000:3b:00.1'"}}]}}]}},
+    })
+    vf = vfs_of_one_pf(real, "one-vf", 1)
+    for first, second in ((pf, vf), (vf, pf)):
+        answer = allocate(minor, {"node": node, "claims": [first], "deviceClasses": classes,
+                                  "resourceSlices": slices})
+        theirs = [r["device"] for r in
+                  answer["allocations"][first["metadata"]["uid"]]["devices"]["results"]]
+        ours = explain(first, classes, slices, node, **kwargs)
+        assert ours.fits and ours.allocation is not None
+        assert [r["device"] for r in ours.allocation["devices"]["results"]] == theirs
+        held = [{"driver": DRIVER, "pool": node, "device": d} for d in theirs]
+        answer = allocate(minor, {"node": node, "claims": [second], "deviceClasses": classes,
+                                  "resourceSlices": slices, "allocatedDevices": held})
+        assert answer.get("unschedulable") is True, (theirs, answer)
+        allocated = dict(first, status={"allocation": ours.allocation})
+        assert not explain(second, classes, slices, node, allocated=[allocated], **kwargs).fits

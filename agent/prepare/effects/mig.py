@@ -35,6 +35,7 @@ from agent.prepare.effects.miginstance import (
     owned_instances,
     put_instance,
 )
+from agent.prepare.errors import admin_refusal
 from discovery.gpulib import GpuLibraryError
 from discovery.model import Device, Inventory
 from discovery.partitions import partition_of
@@ -55,6 +56,16 @@ class MigEffect(BaseEffect):
 
     def touches(self, record: ClaimRecord) -> bool:
         return any(KEY in d.extra for d in record.devices)
+
+    def plan(self, step: Step) -> None:
+        """A partition allocated with admin access is refused: admin access does not
+        create (or, at unprepare, destroy) a MIG instance."""
+        for item in step.devices:
+            if item.admin_access and partition_of(item.device) is not None:
+                raise admin_refusal(str(step.ref), item.device.name, item.request,
+                                    "the partition is made at prepare, and admin access "
+                                    "does not create MIG instances; ask for a MIG device "
+                                    "that exists")
 
     def apply(self, step: Step) -> None:
         """Create the claim's partitions: the intent saved durably before each create, its
@@ -157,6 +168,10 @@ class MigEffect(BaseEffect):
         """The record's partition when it is the one discovery publishes under the
         record's device name (its GPU, profile and placement); else None, in one line."""
         if KEY not in held.extra:
+            return None
+        if held.admin_access:  # prepare records no partition for it: written by hand
+            refused(claim, held.device, KEY, "the device is held with admin access, which "
+                                             "creates and destroys nothing")
             return None
         inst = instance_of(held)
         if inst is None:

@@ -133,6 +133,8 @@ def release_time_slices(
         device = inventory.get(held.device)
         why = ("not an interval" if held.time_slice not in TIME_SLICES
                else "the record's device is not a share" if not held.share_id
+               else "the device is held with admin access, which sets no interval"
+               if held.admin_access
                else f"{held.device} is not a GPU this node publishes"
                if device is None or device.host.uuid is None else None)
         if why is not None:

@@ -31,6 +31,7 @@ from agent.claim.model import ClaimError
 from agent.common.failpoints import Failpoints, Point, hit
 from agent.prepare.devices import SpecDevice, identified
 from agent.prepare.effects.base import BaseEffect, Release, Step, refused
+from agent.prepare.errors import admin_refusal
 from discovery.model import Device, DeviceType, Inventory
 from discovery.vfs import (
     DRIVER_NAME,
@@ -88,6 +89,22 @@ class VfEffect(BaseEffect):
     def touches(self, record: ClaimRecord) -> bool:
         return any(key in d.extra for d in record.devices for key in (RESTORE, MAC, RATE))
 
+    def plan(self, step: Step) -> None:
+        """Refuse what would change a VF allocated with admin access: its driver
+        (``vf.driver``), or VFs a candidate needs made. Such a VF gets no cap and no MAC
+        reset either (``_prepare``): its holder's pod set them."""
+        for item in step.devices:
+            if not item.admin_access:
+                continue
+            if item.vf_driver is not None:
+                raise admin_refusal(str(step.ref), item.device.name, item.request,
+                                    "vf.driver would rebind the VF under its holder's pod; "
+                                    "drop vf.driver for admin-access requests")
+            if candidate_index(item.device) is not None:
+                raise admin_refusal(str(step.ref), item.device.name, item.request,
+                                    "the VF does not exist yet, and admin access does not "
+                                    "make it; ask for a VF that exists")
+
     def apply(self, step: Step) -> None:
         step.record, step.devices = self._prepare(str(step.ref), step.record, step.devices,
                                                   step.save)
@@ -110,6 +127,8 @@ class VfEffect(BaseEffect):
         record = _with_mac_reset(record, devices)
         affected, made_vfs = [], False
         for i, item in enumerate(devices):
+            if item.admin_access:
+                continue  # another claim's VF, perhaps: never capped, reset or rebound
             index = candidate_index(item.device)
             if index is None and item.vf_driver is None and _rate(item.device) is None:
                 continue
@@ -205,6 +224,8 @@ class VfEffect(BaseEffect):
             if not any(key in held.extra for key in (RESTORE, MAC, RATE)):
                 continue
             vf, why = vf_problem(published, held)
+            if held.admin_access:  # prepare marks none: the record was written by hand
+                vf, why = None, "the device is held with admin access, which changes nothing"
             if vf is None:
                 for key in (k for k in (RESTORE, MAC, RATE) if k in held.extra):
                     refused(claim, held.device, key, why)
@@ -326,7 +347,7 @@ def _with_mac_reset(record: ClaimRecord, devices: Sequence[SpecDevice]) -> Claim
         d = item.device
         index = d.attributes.get("vfIndex")
         if d.type == DeviceType.VF and d.host.parent_pf and isinstance(index, int) \
-                and not isinstance(index, bool):
+                and not isinstance(index, bool) and not item.admin_access:
             marks[d.name] = {"pf": d.host.parent_pf, "index": index}
     return _marked(record, {name: {MAC: mark} for name, mark in marks.items()})
 
