@@ -9,6 +9,7 @@ present already is kept, routes are replaced, the link set to what it is.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from agent.netdev import ethtool, rtnl
 from agent.netdev.config import InterfaceConfig
@@ -39,11 +40,11 @@ def configure(route: Transport, name: str, config: InterfaceConfig,
         step(f"MTU {mtu}", lambda: rtnl.set_link(route, link.index, mtu=mtu))
     step("link up", lambda: rtnl.set_link(route, link.index, up=True))
     for address in config.addresses or ():
-        step(f"address {address}", lambda a=address: rtnl.add_address(route, link.index, a))
+        step(f"address {address}", partial(rtnl.add_address, route, link.index, address))
     for r in config.routes or ():
         shown = f"default route via {r.gateway}" if r.destination is None else (
             f"route {r.destination}" + (f" via {r.gateway}" if r.gateway else ""))
-        step(shown, lambda r=r: rtnl.replace_route(route, link.index, r))
+        step(shown, partial(rtnl.replace_route, route, link.index, r))
     features = config.features
     if features:
         if generic is None:

@@ -31,8 +31,7 @@ from typing import Any
 
 from agent.netdev.apply import configure
 from agent.netdev.config import InterfaceConfig, NetconfError, from_json
-from agent.netdev.netlink import NETLINK_GENERIC, NETLINK_RDMA, NETLINK_ROUTE, Netlink
-from agent.netdev.netlink import NetlinkError
+from agent.netdev.netlink import NETLINK_GENERIC, NETLINK_RDMA, NETLINK_ROUTE, Netlink, NetlinkError
 
 _ARGS = ("interface", "config", "rdma-device", "state", "claim")
 

@@ -17,8 +17,15 @@ from __future__ import annotations
 
 import struct
 
-from agent.netdev.netlink import NLM_F_ACK, NLM_F_DUMP, NetlinkError, Transport, attr_u32
-from agent.netdev.netlink import attr_text, parse_attrs
+from agent.netdev.netlink import (
+    NLM_F_ACK,
+    NLM_F_DUMP,
+    NetlinkError,
+    Transport,
+    attr_text,
+    attr_u32,
+    parse_attrs,
+)
 
 RDMA_NL_NLDEV = 5
 RDMA_NLDEV_CMD_GET, RDMA_NLDEV_CMD_SET, RDMA_NLDEV_CMD_SYS_GET = 1, 2, 6
@@ -67,7 +74,7 @@ def move_device(nl: Transport, name: str, netns_fd: int) -> None:
     try:
         nl.request(nldev_type(RDMA_NLDEV_CMD_SET), NLM_F_ACK, move_message(index, netns_fd))
     except NetlinkError as err:
-        why = err.strerror
+        why = err.strerror or str(err)
         if err.errno == 95:  # EOPNOTSUPP: nldev_set_doit in shared mode
             why += " (the kernel's RDMA netns mode is shared: rdma system set netns exclusive)"
         raise NetlinkError(err.errno, f"RDMA device {name}: moving it: {why}") from None

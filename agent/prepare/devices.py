@@ -17,8 +17,9 @@ from agent.checkpoint.model import PreparedDevice
 from agent.claim.model import AllocatedDevice, ClaimRef
 from agent.claim.opaque import DeviceConfig, SharingConfig
 from agent.claim.status import NicStatus
+from agent.netdev.config import InterfaceConfig
 from agent.prepare.errors import BadConfigError
-from cdi.spec import Mount
+from cdi.spec import Hook, Mount
 from discovery.model import Device, DeviceType
 
 #: Device types whose host network interface a claim may move into the pod.
@@ -46,6 +47,10 @@ class SpecDevice:
     sharing: SharingConfig = field(default_factory=SharingConfig)
     #: ``vf.driver`` of the claim's config for a VF (``agent.prepare.effects.vfs``); None otherwise.
     vf_driver: str | None = None
+    #: What the moved interface gets in the pod (``agent.prepare.effects.netdev``), and the
+    #: OCI hooks that effect adds to the device's edits to give it.
+    netconf: InterfaceConfig | None = None
+    hooks: tuple[Hook, ...] = ()
 
     @property
     def pod_interface(self) -> str | None:
@@ -79,8 +84,9 @@ def spec_device(
             "into one pod while other pods hold shares of it; drop netdev.move",
         )
     return SpecDevice(device=device, env=env, move_netdev=True,
-                      interface_name=config.pod_interface_name,
-                      vf_driver=vf_driver)  # fmt: skip
+                      interface_name=config.pod_interface_name, vf_driver=vf_driver,
+                      netconf=config.netdev.interface if config.netdev.interface.is_set
+                      else None)  # fmt: skip
 
 
 def env_key(device_name: str) -> str:
