@@ -130,10 +130,10 @@ def run(args: dict[str, str], state: dict[str, Any]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    claim = "?"
+    # Named in every message, also when the other arguments are what is wrong.
+    claim = next((a.partition("=")[2] for a in argv if a.startswith("--claim=")), "?")
     try:
         args = parse_args(argv)
-        claim = args.get("claim", "?")
         state = json.loads(sys.stdin.read() or "{}")
         if not isinstance(state, dict):
             raise HookError("the OCI state on stdin is not an object")
