@@ -10,12 +10,18 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+
+from agent.netdev.install import HookLaunch, read_launch
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -80,3 +86,22 @@ def pod() -> Iterator[Pod]:
             sleeper.wait()
         subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
         subprocess.run(["ip", "netns", "del", peer], check=False, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def launch(tmp_path_factory: pytest.TempPathFactory) -> HookLaunch:
+    """The hook installed as the chart's init container installs it, into a test directory."""
+    dest = tmp_path_factory.mktemp("hook")
+    subprocess.run([sys.executable, "-m", "agent.netdev.install", str(dest)], check=True,
+                   cwd=REPO, capture_output=True, env={"PYTHONPATH": str(REPO)})
+    found = read_launch(dest)
+    assert found is not None
+    return found
+
+
+def run_hook(launch: HookLaunch, state: object, *args: str,
+             path: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The hook as the runtime runs it: empty environment, the OCI state on stdin."""
+    return subprocess.run([path or launch.path, *launch.args[1:], *args],
+                          input=json.dumps(state), capture_output=True, text=True, env={},
+                          timeout=30, check=False)

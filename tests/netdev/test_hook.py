@@ -6,33 +6,15 @@ terms in the report, not asserted here."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from agent.netdev.install import HookLaunch, read_launch
-from tests.netdev.conftest import Pod
+from agent.netdev.install import HookLaunch
+from tests.netdev.conftest import Pod, run_hook
 
-REPO = Path(__file__).resolve().parents[2]
 CONFIG = {"addresses": ["192.0.2.10/24"], "mtu": 4000,
           "routes": [{"default": True, "gateway": "192.0.2.1"}]}
-
-
-@pytest.fixture(scope="module")
-def launch(tmp_path_factory: pytest.TempPathFactory) -> HookLaunch:
-    dest = tmp_path_factory.mktemp("hook")
-    subprocess.run([sys.executable, "-m", "agent.netdev.install", str(dest)], check=True,
-                   cwd=REPO, capture_output=True, env={"PYTHONPATH": str(REPO)})
-    found = read_launch(dest)
-    assert found is not None
-    return found
-
-
-def run_hook(launch: HookLaunch, state: object, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([launch.path, *launch.args[1:], *args], input=json.dumps(state),
-                          capture_output=True, text=True, env={}, timeout=30, check=False)
 
 
 def state(pod: Pod, bundle: str = "") -> dict[str, object]:

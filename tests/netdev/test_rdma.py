@@ -26,8 +26,8 @@ def uapi_enum(text: str, first: str) -> dict[str, int]:
         if first not in body:
             continue
         values, value = {}, -1
-        for item in re.sub(r"/\*.*?\*/", "", body, flags=re.S).split(","):
-            item = item.strip()
+        for raw in re.sub(r"/\*.*?\*/", "", body, flags=re.S).split(","):
+            item = raw.strip()
             if not item:
                 continue
             name, _, given = (part.strip() for part in item.partition("="))
