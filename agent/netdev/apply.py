@@ -13,7 +13,11 @@ from functools import partial
 
 from agent.netdev import ethtool, rtnl
 from agent.netdev.config import InterfaceConfig
-from agent.netdev.netlink import NetlinkError, Transport
+from agent.netdev.netlink import NetlinkError
+
+TYPE_CHECKING = False  # typing only for mypy: see agent.netdev.config
+if TYPE_CHECKING:
+    from agent.netdev.netlink import Transport
 
 
 def configure(route: Transport, name: str, config: InterfaceConfig,

@@ -20,8 +20,13 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+
+# The hook imports this module at every container start: typing and dataclasses (inspect,
+# ast) would be most of its import time, so neither is imported at run time; annotations
+# stay strings (PEP 563) and mypy reads the block below.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -54,12 +59,41 @@ class NetconfError(ValueError):
         self.message = message
 
 
-@dataclass(frozen=True, slots=True)
-class Route:
+class Frozen:
+    """An immutable value compared by its fields, as ``@dataclass(frozen=True)`` makes one."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __init__(self, **fields: object) -> None:
+        for name in self.__slots__:
+            object.__setattr__(self, name, fields.get(name))
+
+    def _fields(self) -> tuple[object, ...]:
+        return tuple(getattr(self, n) for n in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"{type(self).__name__}({shown})"
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+
+class Route(Frozen):
     """A route through the pod's interface; ``destination`` None: the pod's default route."""
 
+    __slots__ = ("destination", "gateway")
     destination: IPNetwork | None
     gateway: IPAddress | None
+
+    def __init__(self, destination: IPNetwork | None, gateway: IPAddress | None) -> None:
+        super().__init__(destination=destination, gateway=gateway)
 
     @property
     def version(self) -> int:
@@ -76,16 +110,26 @@ class Route:
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class InterfaceConfig:
-    """What the pod's interface gets. ``None`` (and empty) fields are "not set here"."""
+class InterfaceConfig(Frozen):
+    """What the pod's interface gets. ``None`` fields are "not set here"."""
 
-    addresses: tuple[IPInterface, ...] | None = None
-    mtu: int | None = None
-    hardware_address: str | None = None
-    routes: tuple[Route, ...] | None = None
-    features: Mapping[str, bool] | None = None
-    rdma: str | None = None
+    __slots__ = ("addresses", "features", "hardware_address", "mtu", "rdma", "routes")
+    addresses: tuple[IPInterface, ...] | None
+    mtu: int | None
+    hardware_address: str | None
+    routes: tuple[Route, ...] | None
+    features: Mapping[str, bool] | None
+    rdma: str | None
+
+    def __init__(self, *, addresses: tuple[IPInterface, ...] | None = None,
+                 mtu: int | None = None, hardware_address: str | None = None,
+                 routes: tuple[Route, ...] | None = None,
+                 features: Mapping[str, bool] | None = None, rdma: str | None = None) -> None:
+        super().__init__(addresses=addresses, mtu=mtu, hardware_address=hardware_address,
+                         routes=routes, features=features, rdma=rdma)
+
+    def __hash__(self) -> int:  # features is a dict
+        return hash((self.addresses, self.mtu, self.hardware_address, self.routes, self.rdma))
 
     @property
     def is_set(self) -> bool:
@@ -99,9 +143,11 @@ class InterfaceConfig:
 
     def merged(self, later: InterfaceConfig) -> InterfaceConfig:
         """``later``'s fields win where set (a class sets the MTU, a claim its addresses)."""
-        changes = {name: getattr(later, name) for name in self.__slots__
-                   if getattr(later, name) is not None}
-        return replace(self, **changes) if changes else self
+        if not later.is_set:
+            return self
+        fields = {name: getattr(later, name) if getattr(later, name) is not None
+                  else getattr(self, name) for name in self.__slots__}
+        return InterfaceConfig(**fields)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from agent.netdev.netlink import (
     NLM_F_ACK,
     NetlinkError,
-    Transport,
     attr,
     attr_str,
     attr_text,
@@ -22,6 +21,10 @@ from agent.netdev.netlink import (
     nested,
     parse_attrs,
 )
+
+TYPE_CHECKING = False  # typing only for mypy: see agent.netdev.config
+if TYPE_CHECKING:
+    from agent.netdev.netlink import Transport
 
 GENL_ID_CTRL, CTRL_CMD_GETFAMILY = 16, 3
 CTRL_ATTR_FAMILY_ID, CTRL_ATTR_FAMILY_NAME = 1, 2

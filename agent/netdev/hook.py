@@ -27,11 +27,20 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from agent.netdev.apply import configure
 from agent.netdev.config import InterfaceConfig, NetconfError, from_json
-from agent.netdev.netlink import NETLINK_GENERIC, NETLINK_RDMA, NETLINK_ROUTE, Netlink, NetlinkError
+from agent.netdev.netlink import (
+    NETLINK_GENERIC,
+    NETLINK_RDMA,
+    NETLINK_ROUTE,
+    Netlink,
+    NetlinkError,
+)
+
+TYPE_CHECKING = False  # typing only for mypy: see agent.netdev.config
+if TYPE_CHECKING:
+    from typing import Any
 
 _ARGS = ("interface", "config", "rdma-device", "state", "claim")
 

@@ -17,17 +17,17 @@ upgrade runs the old hook or the new one, never half of each.
 from __future__ import annotations
 
 import compileall
-import importlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 MANIFEST = "hook.json"
-#: What the hook imports on any path it takes (ctypes and rdma only on some).
-_MODULES = ("agent.netdev.hook", "agent.netdev.rdma", "agent.netdev.netns", "ctypes")
+#: What the hook imports on any path it takes (ctypes and rdma only on some; runpy for -m).
+_MODULES = ("runpy", "agent.netdev.hook", "agent.netdev.rdma", "agent.netdev.netns", "ctypes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,27 +50,32 @@ def read_launch(hook_dir: Path) -> HookLaunch | None:
     return launch if os.path.isabs(launch.path) else None
 
 
-def mapped_files() -> list[str]:
-    """The regular files this process maps (shared objects, the interpreter)."""
-    out: list[str] = []
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split(None, 5)
-            if len(parts) == 6 and parts[5].startswith("/"):
-                path = parts[5].strip()
-                if path not in out and os.path.isfile(path):
-                    out.append(path)
-    return out
+#: Run by a fresh interpreter after it imported the hook's modules: the regular files it
+#: maps (shared objects, the interpreter) and the sources of the modules it holds.
+_LIST = """
+import json, os, sys
+maps = []
+with open("/proc/self/maps") as f:
+    for line in f:
+        parts = line.split(None, 5)
+        path = parts[5].strip() if len(parts) == 6 else ""
+        if path.startswith("/") and path not in maps and os.path.isfile(path):
+            maps.append(path)
+sources = sorted({os.path.realpath(m.__file__) for m in list(sys.modules.values())
+                  if isinstance(getattr(m, "__file__", None), str)
+                  and m.__file__.endswith(".py") and os.path.isfile(m.__file__)})
+print(json.dumps([maps, sources]))
+"""
 
 
-def module_files() -> list[str]:
-    """The source files of every module imported so far."""
-    out = []
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if isinstance(path, str) and path.endswith(".py") and os.path.isfile(path):
-            out.append(os.path.realpath(path))
-    return out
+def loaded() -> tuple[list[str], list[str]]:
+    """(mapped files, module sources) of a fresh interpreter that imported what the hook
+    does and nothing else: the installer's own imports (shutil, subprocess) stay out."""
+    code = f"import {', '.join(_MODULES)}\n{_LIST}"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True).stdout
+    maps, modules = json.loads(out)
+    return list(maps), list(modules)
 
 
 def _copy_links(real: str, target: Path) -> None:
@@ -87,14 +92,13 @@ def _copy_links(real: str, target: Path) -> None:
 
 
 def install(dest: Path) -> HookLaunch:
-    for name in _MODULES:
-        importlib.import_module(name)
+    maps, modules = loaded()
     interpreter = os.path.realpath(sys.executable)
     stdlib = os.path.dirname(os.path.realpath(os.__file__))
     package = Path(__file__).resolve().parent  # .../agent/netdev
     staging = dest / f".root.{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    files = [interpreter, *mapped_files(), *module_files()]
+    files = [interpreter, *maps, *modules]
     loader = next((f for f in files if os.path.basename(f).startswith("ld-linux")), None)
     if loader is None:
         raise RuntimeError("no dynamic loader among this process's mappings")

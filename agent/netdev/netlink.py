@@ -12,7 +12,18 @@ import os
 import socket
 import struct
 from collections.abc import Iterator
-from typing import Protocol
+
+# Imported by the hook at every container start: typing only for mypy (see config.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class Transport(Protocol):
+        """One netlink conversation (``Netlink``; tests may record the bytes)."""
+
+        def request(self, kind: int, flags: int, body: bytes) -> list[tuple[int, bytes]]:
+            """Send ``body`` as a message of ``kind`` and return the answers (type, payload)."""
+            ...
 
 NETLINK_ROUTE, NETLINK_GENERIC, NETLINK_RDMA = 0, 16, 20
 NLMSG_ERROR, NLMSG_DONE = 2, 3
@@ -25,14 +36,6 @@ _HEADER = struct.Struct("=IHHII")
 
 class NetlinkError(OSError):
     """The kernel refused a request: ``errno`` is its answer; the message says which."""
-
-
-class Transport(Protocol):
-    """One netlink conversation (``Netlink``; tests may record the bytes)."""
-
-    def request(self, kind: int, flags: int, body: bytes) -> list[tuple[int, bytes]]:
-        """Send ``body`` as a message of ``kind`` and return the answers (type, payload)."""
-        ...
 
 
 def attr(kind: int, payload: bytes) -> bytes:

@@ -11,10 +11,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+
+TYPE_CHECKING = False  # typing only for mypy: see agent.netdev.config
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 CLONE_NEWNET = 0x40000000
-T = TypeVar("T")
 
 
 def setns(fd: int) -> None:

@@ -21,11 +21,14 @@ from agent.netdev.netlink import (
     NLM_F_ACK,
     NLM_F_DUMP,
     NetlinkError,
-    Transport,
     attr_text,
     attr_u32,
     parse_attrs,
 )
+
+TYPE_CHECKING = False  # typing only for mypy: see agent.netdev.config
+if TYPE_CHECKING:
+    from agent.netdev.netlink import Transport
 
 RDMA_NL_NLDEV = 5
 RDMA_NLDEV_CMD_GET, RDMA_NLDEV_CMD_SET, RDMA_NLDEV_CMD_SYS_GET = 1, 2, 6

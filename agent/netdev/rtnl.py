@@ -7,22 +7,24 @@ from __future__ import annotations
 
 import socket
 import struct
-from dataclasses import dataclass
 
-from agent.netdev.config import IPInterface, Route
+from agent.netdev.config import Frozen, IPInterface, Route
 from agent.netdev.netlink import (
     NLM_F_ACK,
     NLM_F_CREATE,
     NLM_F_EXCL,
     NLM_F_REPLACE,
     NetlinkError,
-    Transport,
     attr,
     attr_str,
     attr_text,
     attr_u32,
     parse_attrs,
 )
+
+TYPE_CHECKING = False  # typing only for mypy: see agent.netdev.config
+if TYPE_CHECKING:
+    from agent.netdev.netlink import Transport
 
 RTM_NEWLINK, RTM_GETLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 18, 20, 24
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_MIN_MTU, IFLA_MAX_MTU = 1, 3, 4, 50, 51
@@ -36,8 +38,10 @@ _IFADDR = struct.Struct("=BBBBI")  # struct ifaddrmsg
 _RTMSG = struct.Struct("=BBBBBBBBI")  # struct rtmsg
 
 
-@dataclass(frozen=True, slots=True)
-class Link:
+class Link(Frozen):
+    """An interface as RTM_NEWLINK describes it (``address``: its MAC, lower case)."""
+
+    __slots__ = ("address", "flags", "index", "max_mtu", "min_mtu", "mtu", "name")
     index: int
     name: str
     flags: int
@@ -45,6 +49,11 @@ class Link:
     min_mtu: int | None
     max_mtu: int | None
     address: str | None
+
+    def __init__(self, *, index: int, name: str, flags: int, mtu: int | None,
+                 min_mtu: int | None, max_mtu: int | None, address: str | None) -> None:
+        super().__init__(index=index, name=name, flags=flags, mtu=mtu, min_mtu=min_mtu,
+                         max_mtu=max_mtu, address=address)
 
 
 def _family(version: int) -> int:
