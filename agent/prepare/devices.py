@@ -126,12 +126,17 @@ def check_pod_interfaces(ref: ClaimRef, devices: Sequence[SpecDevice]) -> None:
 
 def nic_status(result: AllocatedDevice, item: SpecDevice) -> NicStatus:
     """The claim-status facts of a prepared NIC: the interface name inside the pod when it
-    moved there, the host's otherwise; the MAC discovery published (``macAddress``)."""
+    moved there, the host's otherwise; the MAC discovery published (``macAddress``) or the
+    one the claim's config gives it, and the addresses the config gives it."""
     mac = item.device.attributes.get("macAddress")
+    config = item.netconf  # what the netdev hook gives the interface in the pod
+    if config is not None and config.hardware_address:
+        mac = config.hardware_address
     return NicStatus(
         pool=result.pool, device=result.device, share_id=result.share_id,
         interface_name=item.pod_interface or item.device.host.if_name,
         hardware_address=mac if isinstance(mac, str) else None,
+        ips=tuple(str(a) for a in config.addresses or ()) if config is not None else (),
     )  # fmt: skip
 
 

@@ -1,8 +1,8 @@
 """The netdev hook's cost per container start: the installed bundle (``agent.netdev.install``)
 run as the runtime runs it (its own loader, ``-I``, empty environment, the OCI state on stdin)
-configuring one end of a veth pair in a namespace made for the run (both ends in it), beside the bare interpreter
-started the same way (``-c pass``): the difference is what the hook's imports and its netlink
-exchange cost. Needs root (``ip netns add``); elsewhere it reports nothing.
+configuring one end of a veth pair in a namespace made for the run (both ends in it), beside
+the bare interpreter started the same way (``-c pass``): the difference is what the hook's
+imports and its netlink exchange cost. Needs root (``ip netns add``); elsewhere it reports nothing.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def run(quick: bool) -> list[Figure]:
         subprocess.run(["ip", "netns", "add", name], check=True)
         sleeper = None
         try:
-            subprocess.run(["ip", "-n", name, "link", "add", "net1", "type", "veth", "peer", "name", "net2"],
-                           check=True)
+            subprocess.run(["ip", "-n", name, "link", "add", "net1", "type", "veth", "peer",
+                            "name", "net2"], check=True)
             sleeper = subprocess.Popen(["ip", "netns", "exec", name, "sleep", "600"])
             target = os.stat(f"/run/netns/{name}").st_ino
             while os.stat(f"/proc/{sleeper.pid}/ns/net").st_ino != target:

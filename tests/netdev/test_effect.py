@@ -191,3 +191,32 @@ def test_the_specs_hook_configures_the_pods_interface(tmp_path: Path, pod: Pod,
     assert "inet 192.0.2.10/24" in shown and "inet6 2001:db8::10/64" in shown
     assert "198.51.100.0/24 via 192.0.2.1 dev net1" in pod.ip_text("route")
     print(shown, pod.ip_text("route"), sep="\n")
+
+
+def test_the_claim_status_and_metadata_carry_the_configured_addresses(tmp_path: Path) -> None:
+    from agent.prepare.devices import nic_status
+    from agent.prepare.metadata import network_data
+
+    node = Node(tmp_path, FakeHost())
+    c = claim({"addresses": ["192.0.2.10/24", "2001:db8::10/64"],
+               "hardwareAddress": "02:aa:00:00:00:07"})
+    [result] = c.results
+    item = node.preparer.builder.spec_device(c, result, {"nic-0": node.devices[0]})
+    nic = nic_status(result, item)
+    assert (nic.interface_name, nic.ips, nic.hardware_address) == (
+        "net1", ("192.0.2.10/24", "2001:db8::10/64"), "02:aa:00:00:00:07")
+    assert list(network_data(result, item) or {}) == ["interfaceName", "ips", "hardwareAddress"]
+
+
+def test_a_hook_record_naming_another_device_than_discovery_is_not_acted_on(
+        tmp_path: Path) -> None:
+    host = FakeHost()
+    node = Node(tmp_path, host)
+    c = claim({"rdma": "exclusive"})
+    node.preparer.prepare(c)
+    state = node.effect.state_file(c.ref.uid, "nic-0")
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"rdmaDevice": "mlx5_3", "netns": "/run/netns/cni-1",
+                                 "inode": 1}))
+    node.preparer.unprepare(c.ref.uid, c.ref)
+    assert host.given_back == [] and not state.exists()

@@ -139,9 +139,9 @@ class NetdevEffect(BaseEffect):
                 refused(how.claim, held.device, RDMA, "not the RDMA device discovery "
                         "publishes for this device now")
                 continue
-            self._give_back(how.claim, how.uid, held.device)
+            self._give_back(how.claim, how.uid, held.device, device.host.rdma_device)
 
-    def _give_back(self, claim: str, uid: str, device: str) -> None:
+    def _give_back(self, claim: str, uid: str, device: str, rdma_device: str) -> None:
         path = self.state_file(uid, device)
         try:
             moved = read_moved(path)
@@ -150,6 +150,10 @@ class NetdevEffect(BaseEffect):
                         "kernel's return at namespace exit", extra={
                             "claim": claim, "device": device, "path": str(path),
                             "error": str(err)[:200]})
+            moved = None
+        if moved is not None and moved.rdma_device != rdma_device:
+            refused(claim, device, "rdmaDevice", f"the hook's record names "
+                    f"{moved.rdma_device!a:.40}, discovery publishes {rdma_device}")
             moved = None
         if moved is not None:
             what = self.host.give_back(moved)  # NetlinkError: the kubelet retries unprepare
