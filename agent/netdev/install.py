@@ -10,8 +10,8 @@ the source of every module it imported, each under ``DIR/root`` at its own absol
 started through the bundled loader (``ld.so --library-path ...``), so the host's libc never
 matters, and in isolated mode (``-I``: no environment, no user site). The command line goes
 into ``DIR/hook.json`` (``HookLaunch``), which the agent reads when it writes a spec; the
-bundle is replaced whole (a new directory, then a rename), so a container starting during an
-upgrade runs the old hook or the new one, never half of each.
+bundle is replaced whole (a new directory, then a rename), so no hook ever starts from a
+half-copied one.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ prepare calls)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -131,3 +132,19 @@ def test_the_hook_refuses_what_the_claim_would() -> None:
         from_json({"routes": [{"destination": "10.0.0.0/8"}]})
     with pytest.raises(ValueError, match="unknown field"):
         from_json({"mtu": 1500, "move": True})
+
+
+def test_the_claim_in_docs_netdev_md_decodes_as_it_says() -> None:
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "netdev.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    claim = next(d for d in yaml.safe_load_all(block) if d["kind"] == "ResourceClaim")
+    [entry] = claim["spec"]["devices"]["config"]
+    merged = merge_configs([entry["opaque"]["parameters"]])
+    interface = merged.netdev.interface
+    assert merged.pod_interface_name == "net1" and interface.mtu == 9000
+    assert interface.rdma_exclusive and interface.features == {"rx-gro": True,
+                                                               "tx-tcp-segmentation": True}
+    assert [str(r.destination) for r in interface.routes or ()] == ["198.51.100.0/24",
+                                                                    "203.0.113.0/28"]
