@@ -220,3 +220,16 @@ def test_a_hook_record_naming_another_device_than_discovery_is_not_acted_on(
                                  "inode": 1}))
     node.preparer.unprepare(c.ref.uid, c.ref)
     assert host.given_back == [] and not state.exists()
+
+
+def test_start_up_passes_over_what_the_hook_never_writes(tmp_path: Path) -> None:
+    host = FakeHost()
+    node = Node(tmp_path, host)
+    base = tmp_path / "netdev"
+    (base / "uid-a").mkdir(parents=True)
+    (base / "stray-file").write_text("x")
+    (base / "uid-a" / "nic-0.json.tmp").write_text("{half")  # a hook killed mid-write
+    (base / "uid-a" / "nic-0.json").write_text('{"rdmaDevice": "mlx5_0", "netns": "/x"}')
+    done = node.effect.reconcile({}, corrupt=False)
+    assert (done.removed, host.given_back) == ((), [])
+    assert (base / "uid-a" / "nic-0.json").exists()  # unreadable: logged, left for a person

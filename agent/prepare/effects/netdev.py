@@ -174,8 +174,11 @@ class NetdevEffect(BaseEffect):
         published = {d.host.rdma_device: d.name for d in self.inventory().devices
                      if d.host.rdma_device}
         for uid in (u for u in uids if u not in claims):
-            for entry in sorted(os.listdir(self.state_dir / uid)):
-                path = self.state_dir / uid / entry
+            folder = self.state_dir / uid
+            if folder.is_symlink() or not folder.is_dir():
+                continue  # not one the hook makes: left as it is
+            for entry in sorted(e for e in os.listdir(folder) if e.endswith(".json")):
+                path = folder / entry
                 try:
                     moved = read_moved(path)
                     if moved is not None and moved.rdma_device in published:
