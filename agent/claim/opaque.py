@@ -10,6 +10,8 @@ A claim (or class) passes it as ``opaque: {driver: <our driver>, parameters: {..
     netdev:                   # NICs and VFs only; other devices ignore it
       move: true              # move the host interface into the pod (CDI 1.1.0 netDevices)
       interfaceName: net1     # its name inside the pod (default: its host name)
+      addresses: [192.0.2.10/24]   # and mtu, hardwareAddress, routes, ethtool, rdma:
+                              # the interface configured in the pod (docs/netdev.md)
     sharing:                  # shares of NVIDIA GPUs only (--sharing gpu=...)
       timeSlice: Long         # the GPU's time-slice interval: Default, Short, Medium, Long
       mps: true               # bound the share through the node's MPS control daemon
@@ -46,6 +48,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.claim.writable import encodes
+from agent.netdev.config import InterfaceConfig, NetconfError
+from agent.netdev.config import check as check_interface
+from agent.netdev.config import decode as decode_interface
 
 GROUP = "dra-agent.io"
 KIND = "DeviceConfig"
@@ -72,7 +77,8 @@ _IFNAME = re.compile(r"^[^/:\s]{1,15}$")
 _TOP_FIELDS = ("apiVersion", "kind", "env", "denyEnv", "netdev", "sharing", "vf")
 #: ``vf.driver`` values: the PF's own kernel driver (a netdev), or vfio-pci (a VFIO group).
 VF_DRIVERS = ("netdev", "vfio-pci")
-_NETDEV_FIELDS = ("move", "interfaceName")
+_NETDEV_FIELDS = ("move", "interfaceName", "addresses", "mtu", "hardwareAddress", "routes",
+                  "ethtool", "rdma")
 _SHARING_FIELDS = ("timeSlice", "mps")
 #: ``nvidia-smi compute-policy --set-timeslice`` levels by name.
 TIME_SLICES = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
@@ -95,11 +101,14 @@ class NetdevConfig:
 
     move: bool | None = None
     interface_name: str | None = None
+    #: What the interface gets inside the pod (``agent.netdev``); needs the move.
+    interface: InterfaceConfig = field(default_factory=InterfaceConfig)
 
     def merged(self, later: NetdevConfig) -> NetdevConfig:
         return NetdevConfig(
             move=later.move if later.move is not None else self.move,
             interface_name=later.interface_name or self.interface_name,
+            interface=self.interface.merged(later.interface),
         )
 
 
@@ -286,7 +295,7 @@ def _decode_netdev(params: Mapping[str, Any]) -> NetdevConfig:
     if raw is None:
         return NetdevConfig()
     if not isinstance(raw, Mapping):
-        raise ConfigDecodeError("netdev", "must be an object with move and interfaceName")
+        raise ConfigDecodeError("netdev", f"must be an object with {', '.join(_NETDEV_FIELDS)}")
     unknown = sorted(str(k) for k in set(raw) - set(_NETDEV_FIELDS))
     if unknown:
         raise ConfigDecodeError(
@@ -307,7 +316,14 @@ def _decode_netdev(params: Mapping[str, Any]) -> NetdevConfig:
         if move is False:
             # Said in the same breath as "do not move": the name could never take effect.
             raise ConfigDecodeError("netdev.interfaceName", "has no effect with move: false")
-    return NetdevConfig(move=move, interface_name=name)
+    try:
+        interface = decode_interface(raw)
+    except NetconfError as err:
+        raise ConfigDecodeError(f"netdev.{err.field}", err.message) from None
+    if move is False and interface.is_set:
+        first = next(k for k in _NETDEV_FIELDS[2:] if raw.get(k) is not None)
+        raise ConfigDecodeError(f"netdev.{first}", "has no effect with move: false")
+    return NetdevConfig(move=move, interface_name=name, interface=interface)
 
 
 def merge_configs(params: Iterable[Any], class_params: Iterable[Any] = ()) -> DeviceConfig:
@@ -323,4 +339,20 @@ def merge_configs(params: Iterable[Any], class_params: Iterable[Any] = ()) -> De
             why = env_denied(name, result.deny_env)
             if why is not None:
                 raise ConfigDecodeError(f"env.{name}", why)
+    _check_netdev(result.netdev)
     return result
+
+
+def _check_netdev(netdev: NetdevConfig) -> None:
+    """The interface's fields together, once every config is merged in (a class's MTU, a
+    claim's addresses); none of them means anything unless the interface moves."""
+    if not netdev.interface.is_set:
+        return
+    if netdev.move is not True:
+        raise ConfigDecodeError("netdev", "addresses, mtu, hardwareAddress, routes, ethtool "
+                                          "and rdma configure the interface in the pod: they "
+                                          "need move: true")
+    try:
+        check_interface(netdev.interface)
+    except NetconfError as err:
+        raise ConfigDecodeError(f"netdev.{err.field}", err.message) from None

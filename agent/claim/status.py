@@ -2,8 +2,9 @@
 
 For each NIC or VF of a prepared claim the agent writes one ``status.devices`` entry
 (``AllocatedDeviceStatus``): driver, pool, device (and shareID), a ``Ready=True`` condition and
-``networkData`` (the interface name inside the pod, the MAC address), as DRANET does, so users
-and controllers can find the interface without exec'ing into the pod.
+``networkData`` (the interface name inside the pod, the addresses its netdev config gives it
+(docs/netdev.md), the MAC address), as DRANET does, so users and controllers can find the
+interface without exec'ing into the pod.
 
 How it is written, and why:
 
@@ -57,6 +58,8 @@ class NicStatus:
     share_id: str | None = None
     interface_name: str | None = None  # inside the pod when moved there, else on the host
     hardware_address: str | None = None  # MAC
+    #: The interface's addresses in the pod, as CIDRs (the claim's ``netdev.addresses``).
+    ips: tuple[str, ...] = ()
 
 
 class ClaimStatusError(Exception):
@@ -117,9 +120,11 @@ def device_entries(
         if isinstance(generation, int):
             condition["observedGeneration"] = generation
         entry["conditions"] = [condition]
-        network = {}
+        network: dict[str, Any] = {}
         if nic.interface_name:
             network["interfaceName"] = nic.interface_name
+        if nic.ips:
+            network["ips"] = list(nic.ips)
         if nic.hardware_address:
             network["hardwareAddress"] = nic.hardware_address
         if network:

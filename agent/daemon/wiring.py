@@ -18,6 +18,8 @@ from agent.common.failpoints import FailpointConfigError, Failpoints
 from agent.common.metrics import Metrics
 from agent.daemon import machine
 from agent.daemon.options import DaemonError, NoAPIClaimSource, RunOptions
+from agent.netdev.host import HostNetdev
+from agent.netdev.install import read_launch
 from agent.plugin import APIClaimSource, PluginOptions, PluginServer
 from agent.plugin.driver import ClaimSource
 from agent.prepare.cdispecs import CDIClaimSpecs, DeviceEdits
@@ -28,6 +30,7 @@ from agent.prepare.effects.metadata import MetadataEffect
 from agent.prepare.effects.mig import MigEffect
 from agent.prepare.effects.migcontrol import MigPartitions
 from agent.prepare.effects.mps import MpsEffect
+from agent.prepare.effects.netdev import NetdevEffect
 from agent.prepare.effects.timeslice import TimeSliceEffect
 from agent.prepare.effects.vfs import VfEffect
 from agent.prepare.gpucontrol import GpuControl
@@ -54,12 +57,20 @@ def claim_metadata(options: PrepareOptions) -> ClaimMetadata:
                          enabled=options.device_metadata)
 
 
+def netdev_effect(options: PrepareOptions, inventory: Callable[[], Inventory]) -> Effect:
+    """The moved interfaces configured in the pod: the hook the chart installs under the
+    plugin directory, its records beside it."""
+    hook_dir = options.plugin_dir / "netdev-hook"
+    return NetdevEffect(options.plugin_dir / "netdev", lambda: read_launch(hook_dir),
+                        HostNetdev(), inventory)
+
+
 def effects(
     inventory: Callable[[], Inventory], *, metadata: ClaimMetadata,
     mps_pipe_dir: Path | None = None, gpu_control: GpuControl | None = None,
     mig: MigPartitions | None = None, sriov: SriovControl | None = None,
     rescan: Callable[[], Inventory] | None = None, failpoints: Failpoints | None = None,
-    mps_control: MpsControl | None = None,
+    mps_control: MpsControl | None = None, netdev: Effect | None = None,
 ) -> tuple[Effect, ...]:
     """The host effects of this node, in the order prepare applies them. ``mig``: dynamic
     MIG partitions (``--mig dynamic``); ``sriov`` and ``rescan``: VFs on demand (``--vfs
@@ -71,6 +82,7 @@ def effects(
         VfEffect(sriov, rescan or inventory, failpoints, inventory=inventory)
         if sriov is not None else None,
         MetadataEffect(metadata),  # after the devices exist: the spec's mounts name its files
+        netdev,  # the moved interfaces' hooks (docs/netdev.md)
         TimeSliceEffect(gpu_control, inventory, failpoints),
     ]
     return tuple(e for e in ordered if e is not None)
@@ -106,7 +118,7 @@ def plugin_server(
     ordered = effects(inventory, metadata=claim_metadata(prepare),
                       mps_pipe_dir=prepare.mps_pipe_dir, gpu_control=gpu_control, mig=mig,
                       sriov=sriov, rescan=rescan, failpoints=failpoints,
-                      mps_control=mps_control)
+                      mps_control=mps_control, netdev=netdev_effect(prepare, inventory))
     return PluginServer(plugin, preparer(prepare, inventory, edits, ordered, metrics=metrics,
                                          failpoints=failpoints),
                         claims, metrics, health_servicer=health_servicer, failpoints=failpoints)
@@ -145,7 +157,8 @@ def node_plugin(
     ordered = effects(inventory, metadata=claim_metadata(prepare),
                       mps_pipe_dir=prepare.mps_pipe_dir, gpu_control=machine.gpu_control(cfg, run),
                       mig=mig, sriov=sriov, rescan=rescan, failpoints=failpoints,
-                      mps_control=machine.mps_control(cfg, run))
+                      mps_control=machine.mps_control(cfg, run),
+                      netdev=netdev_effect(prepare, inventory))
     made = preparer(prepare, inventory, edits, ordered, metrics=metrics, failpoints=failpoints)
     return PluginServer(plugin, made, claims, metrics, health_servicer=health_servicer,
                         failpoints=failpoints), made

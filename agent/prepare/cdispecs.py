@@ -151,7 +151,7 @@ class CDIClaimSpecs:
             )
             # A node both lists (e.g. /dev/kfd) is injected once, from the spec-level edits.
             edits = hardware.without(common).merge(
-                ContainerEdits(env=item.env, mounts=item.mounts))
+                ContainerEdits(env=item.env, mounts=item.mounts, hooks=item.hooks))
             # Every variable of the agent's own (the claim's, and guards such as
             # NVIDIA_VISIBLE_DEVICES=void) comes last in each device's edits: CDI applies
             # device edits after spec-level ones and a later name replaces an earlier one, so

@@ -17,8 +17,9 @@ from agent.checkpoint.model import PreparedDevice
 from agent.claim.model import AllocatedDevice, ClaimRef
 from agent.claim.opaque import DeviceConfig, SharingConfig
 from agent.claim.status import NicStatus
+from agent.netdev.config import InterfaceConfig
 from agent.prepare.errors import BadConfigError, admin_refusal
-from cdi.spec import Mount
+from cdi.spec import Hook, Mount
 from discovery.model import Device, DeviceType
 
 #: Device types whose host network interface a claim may move into the pod.
@@ -50,6 +51,10 @@ class SpecDevice:
     admin_access: bool = False
     #: The request the device was allocated for (error lines name it).
     request: str = ""
+    #: What the moved interface gets in the pod (``agent.prepare.effects.netdev``), and the
+    #: OCI hooks that effect adds to the device's edits to give it.
+    netconf: InterfaceConfig | None = None
+    hooks: tuple[Hook, ...] = ()
 
     @property
     def pod_interface(self) -> str | None:
@@ -89,8 +94,10 @@ def spec_device(
             "into one pod while other pods hold shares of it; drop netdev.move",
         )
     return SpecDevice(device=device, env=env, move_netdev=True,
-                      interface_name=config.pod_interface_name,
-                      vf_driver=vf_driver, request=result.base_request)  # fmt: skip
+                      interface_name=config.pod_interface_name, vf_driver=vf_driver,
+                      request=result.base_request,
+                      netconf=config.netdev.interface if config.netdev.interface.is_set
+                      else None)  # fmt: skip
 
 
 def env_key(device_name: str) -> str:
@@ -130,12 +137,17 @@ def check_pod_interfaces(ref: ClaimRef, devices: Sequence[SpecDevice]) -> None:
 
 def nic_status(result: AllocatedDevice, item: SpecDevice) -> NicStatus:
     """The claim-status facts of a prepared NIC: the interface name inside the pod when it
-    moved there, the host's otherwise; the MAC discovery published (``macAddress``)."""
+    moved there, the host's otherwise; the MAC discovery published (``macAddress``) or the
+    one the claim's config gives it, and the addresses the config gives it."""
     mac = item.device.attributes.get("macAddress")
+    config = item.netconf  # what the netdev hook gives the interface in the pod
+    if config is not None and config.hardware_address:
+        mac = config.hardware_address
     return NicStatus(
         pool=result.pool, device=result.device, share_id=result.share_id,
         interface_name=item.pod_interface or item.device.host.if_name,
         hardware_address=mac if isinstance(mac, str) else None,
+        ips=tuple(str(a) for a in config.addresses or ()) if config is not None else (),
     )  # fmt: skip
 
 

@@ -135,8 +135,8 @@ def names_problem(ref: ClaimRef, pod_claim_name: str | None,
 def network_data(result: AllocatedDevice, item: SpecDevice) -> dict[str, Any] | None:
     """A NIC's ``networkData``: the same facts its claim status entry gets (``nic_status``).
 
-    Field order is ``NetworkDeviceData``'s (interfaceName, ips, hardwareAddress). No IPs: the
-    agent assigns none, and the claim status says none.
+    Field order is ``NetworkDeviceData``'s (interfaceName, ips, hardwareAddress). IPs only
+    where the claim's ``netdev.addresses`` gives the interface some (docs/netdev.md).
     """
     if item.device.type not in NETDEV_TYPES:
         return None
@@ -144,6 +144,8 @@ def network_data(result: AllocatedDevice, item: SpecDevice) -> dict[str, Any] | 
     out: dict[str, Any] = {}
     if nic.interface_name:
         out["interfaceName"] = nic.interface_name
+    if nic.ips:
+        out["ips"] = list(nic.ips)
     if nic.hardware_address:
         out["hardwareAddress"] = nic.hardware_address
     return out or None

@@ -40,6 +40,7 @@ from agent.claim.model import ClaimError
 from agent.claim.parse import parse_claim
 from agent.common.failpoints import Failpoints, Point
 from agent.daemon import wiring
+from agent.netdev.install import HookLaunch
 from agent.prepare import DevicePreparer
 from agent.prepare.claimmetadata import ClaimMetadata
 from agent.prepare.effects.base import BaseEffect
@@ -48,6 +49,7 @@ from agent.prepare.effects.mig import MigEffect
 from agent.prepare.effects.migcontrol import MigPartitions
 from agent.prepare.effects.miginstance import owned_instances
 from agent.prepare.effects.mps import MpsEffect
+from agent.prepare.effects.netdev import NetdevEffect
 from agent.prepare.effects.timeslice import TimeSliceEffect
 from agent.prepare.effects.vfs import VfEffect
 from agent.prepare.errors import AdminAccessError
@@ -56,12 +58,13 @@ from agent.prepare.metadatafiles import HostMetadataFiles
 from agent.prepare.mpscontrol import RecordingMpsControl
 from agent.prepare.recovery import RecoveryReport
 from cdi.edits import EditsProvider
-from discovery.model import Inventory
+from discovery.model import Device, DeviceType, HostInfo, Inventory
 from discovery.scan import DiscoveryOptions, discover
 from discovery.sharing import parse_sharing_list
 from discovery.simulate import FakeNvml, simulated_sources
 from discovery.simulate.sriov import SimulatedSriov
 from discovery.sources import ProcRoutes, Sources
+from tests.netdev.fakehost import RecordingNetdevHost
 from tests.plugnode import DRIVER, NODE, device_preparer, gpu, make_claim
 
 REPO = Path(__file__).resolve().parents[2]
@@ -365,7 +368,73 @@ METADATA = Case(
     owners=lambda probed: {k: v for k, v in probed.items() if k.startswith("default_train")},
 )
 
-CASES = {c.effect.__name__: c for c in (MIG, VF, TIME_SLICE, MPS, METADATA)}
+# -- A moved interface configured in the pod, RDMA exclusive (RecordingNetdevHost) ---------
+
+NETDEV_NIC = Device(name="nic-0", type=DeviceType.NIC, attributes={}, capacity={},
+                    host=HostInfo(pci_address="0000:30:00.0", if_name="ens0",
+                                  rdma_device="mlx5_0"))
+NETDEV_HOOK = HookLaunch("/hook/ld.so", ("/hook/ld.so", "-I", "-m", "agent.netdev.hook"))
+
+
+def netdev_build(root: Path, *, boot_id: str = "boot-1",
+                 failpoints: Failpoints | None = None) -> DevicePreparer:
+    """Where each RDMA device is lives in ``root/rdma-netns.json``, as the kernel keeps it."""
+    def inventory() -> Inventory:
+        return Inventory(devices=(NETDEV_NIC,))
+
+    effect = NetdevEffect(root / "netdev", lambda: NETDEV_HOOK,
+                          RecordingNetdevHost(root / "rdma-netns.json"), inventory)
+    return device_preparer(root, inventory, boot_id=boot_id, failpoints=failpoints,
+                           netdev=effect)
+
+
+def _spec_hook_args(root: Path) -> list[list[str]]:
+    return [h["args"] for p in sorted((root / "cdi").glob("*.json"))
+            for d in json.loads(p.read_text())["devices"]
+            for h in d["containerEdits"].get("hooks", [])]
+
+
+def netdev_probe(root: Path, preparer: DevicePreparer) -> object:
+    """The hooks the specs name (their arguments less the claim's own), the RDMA devices in
+    a pod's namespace, the hook's records."""
+    hooks = [[a for a in args if not a.startswith(("--claim=", "--state="))]
+             for args in _spec_hook_args(root)]
+    records = sorted(str(p.relative_to(root)) for p in (root / "netdev").rglob("*.json"))
+    return hooks, RecordingNetdevHost(root / "rdma-netns.json").in_pods, bool(records)
+
+
+def netdev_workload(root: Path) -> None:
+    """The pod starts: its hook records where the RDMA device goes, then moves it there."""
+    [args] = _spec_hook_args(root)
+    state = Path(next(a for a in args if a.startswith("--state=")).split("=", 1)[1])
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text(json.dumps({"rdmaDevice": "mlx5_0", "netns": "/run/netns/cni-1",
+                                 "inode": 4026532999}))
+    RecordingNetdevHost(root / "rdma-netns.json").hook_moved("mlx5_0", "/run/netns/cni-1")
+
+
+def netdev_reboot(root: Path) -> None:
+    # Every pod namespace is gone: the kernel has every RDMA device back in init_net.
+    (root / "rdma-netns.json").unlink(missing_ok=True)
+
+
+NETDEV = Case(
+    effect=NetdevEffect, setup=_nothing, build=netdev_build,
+    claim=lambda: make_claim("rdma", ["nic-0"], config=[{
+        "source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "dra-agent.io/v1alpha1", "kind": "DeviceConfig",
+            "netdev": {"move": True, "interfaceName": "net1",
+                       "addresses": ["192.0.2.10/24"], "rdma": "exclusive"}}}}]),
+    probe=netdev_probe,
+    applied=([[*NETDEV_HOOK.args, "--interface=net1",
+               '--config={"addresses":["192.0.2.10/24"],"rdma":"exclusive"}',
+               "--rdma-device=mlx5_0"]], {}, False),
+    reboot=netdev_reboot,
+    kill_at=Point.PREPARE_AFTER_SPEC_WRITTEN,  # the RDMA device recorded, the spec written
+    intent_durable=True, workload=netdev_workload,
+)
+
+CASES = {c.effect.__name__: c for c in (MIG, VF, TIME_SLICE, MPS, METADATA, NETDEV)}
 every_case = pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
 
 
@@ -374,7 +443,9 @@ def test_every_effect_the_wiring_builds_has_a_case(tmp_path: Path) -> None:
         lambda: Inventory(devices=()), metadata=ClaimMetadata(DRIVER, None, True),
         mps_pipe_dir=MPS_PIPE_DIR, gpu_control=RecordingGpuControl(),
         mig=MigPartitions(FakeNvml([])), sriov=SimulatedSriov(tmp_path),
-        rescan=lambda: Inventory(devices=()), failpoints=None)
+        rescan=lambda: Inventory(devices=()), failpoints=None,
+        netdev=NetdevEffect(tmp_path, lambda: None, RecordingNetdevHost(tmp_path / "r.json"),
+                            lambda: Inventory(devices=())))
     assert sorted(type(e).__name__ for e in built) == sorted(CASES)
 
 
