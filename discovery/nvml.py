@@ -278,12 +278,16 @@ class NvmlLibrary:
 
     @_translate
     def device_nvlink_state(self, handle: DeviceHandle, link: int) -> bool:
+        # NVML's NvLink methods (docs.nvidia.com/deploy/nvml-api/group__NvLink.html): 1
+        # active, 0 inactive, and on newer drivers 2 asleep, a trained link in a low-power
+        # state that wakes on traffic, so still a peer. INVALID_ARGUMENT for a link the GPU
+        # lacks, NOT_SUPPORTED for a GPU without NVLink.
         return bool(self.nvml.nvmlDeviceGetNvLinkState(handle, link))
 
     @_translate
     def device_nvlink_remote_pci_bus_id(self, handle: DeviceHandle, link: int) -> str:
         # pynvml calls nvmlDeviceGetNvLinkRemotePciInfo_v2, which fills nvmlPciInfo_t: the
-        # bus id at its 9.0 place, the legacy field as well on the drivers we know of.
+        # bus id at its 9.0 place (busId), the 16-character one before it (busIdLegacy).
         info = self.nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
         return str(info.busId or info.busIdLegacy)
 

@@ -236,6 +236,18 @@ def test_a_fabric_that_is_not_attached_gives_no_clique(
     assert set(_domains(inv).values()) == {None} and _nvlink_warnings(inv) == []
 
 
+def test_a_gpu_cut_to_the_api_limits_keeps_its_nvlink_attributes() -> None:
+    from discovery.attrs import fit_limits
+    from discovery.model import DeviceType
+
+    # "nvlink..." sorts last but one of the droppable names: without the keep list it goes.
+    attrs: dict[str, object] = {f"extra{i:02d}": i for i in range(40)}
+    attrs.update({DOMAIN: "0000:18:00.0", CLIQUE: f"{NVL72_CLUSTER}.1", "zz": 1})
+    fitted = fit_limits(Device("gpu-0", DeviceType.GPU, attrs, {}))  # type: ignore[arg-type]
+    assert len(fitted.attributes) == 31
+    assert fitted.attributes[DOMAIN] == "0000:18:00.0" and CLIQUE in fitted.attributes
+
+
 def test_domains_do_not_depend_on_the_order_gpus_are_read_in() -> None:
     a, b, c, d = "0000:18:00.0", "0000:2b:00.0", "0000:3e:00.0", "0000:51:00.0"
     links = [GpuLinks(b, frozenset({a}), frozenset()), GpuLinks(a, frozenset({b}), frozenset()),
