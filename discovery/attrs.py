@@ -37,7 +37,8 @@ VENDORS = {
 _OPTIONAL_ORDER = ("pciDeviceID", "pciVendorID", "driver", "vendor")
 #: Never dropped while anything else can go: identity and topology (plus every qualified name).
 _KEEP = frozenset({"uuid", "productName", "profile", "parentUUID", "minor", "index", "ifName",
-                   "rdmaDevice", "isVF", "parentPF", "pcieSwitch", "sharing"})
+                   "rdmaDevice", "isVF", "parentPF", "pcieSwitch", "sharing",
+                   "nvlinkDomain", "nvlinkClique"})
 
 
 def vendor_name(vendor_id: int | None) -> str | None:

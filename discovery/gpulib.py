@@ -19,6 +19,22 @@ EVENT_MIG_CONFIG_CHANGE = 0x100
 #: gpuInstanceId / computeInstanceId of an event that concerns the whole GPU.
 WHOLE_GPU = 0xFFFFFFFF
 
+#: NVML_NVLINK_MAX_LINKS as nvidia-ml-py 13 has it (36; older headers said 18, and H100 and
+#: B200 have 18). A link the GPU lacks answers INVALID_ARGUMENT or NOT_SUPPORTED, so asking
+#: the larger count is safe on every driver.
+NVLINK_MAX_LINKS = 36
+#: nvmlDeviceGetNvLinkRemoteDeviceType values (nvmlIntNvLinkDeviceType_t).
+NVLINK_REMOTE_GPU = 0x00
+NVLINK_REMOTE_IBMNPU = 0x01
+NVLINK_REMOTE_SWITCH = 0x02
+NVLINK_REMOTE_UNKNOWN = 0xFF
+#: nvmlGpuFabricState_t: the fabric manager (or, on GB200, the NVLink subnet manager) has
+#: finished registering the GPU in its NVLink fabric.
+FABRIC_STATE_NOT_SUPPORTED = 0
+FABRIC_STATE_NOT_STARTED = 1
+FABRIC_STATE_IN_PROGRESS = 2
+FABRIC_STATE_COMPLETED = 3
+
 #: nvmlDeviceGetArchitecture values -> published name.
 ARCHITECTURES = {
     2: "Kepler",
@@ -84,6 +100,13 @@ class NotFoundError(GpuLibraryError):
     code = 6
 
 
+class FunctionNotFoundError(NotSupportedError):
+    """The installed libnvidia-ml lacks the function (a driver older than the call): for the
+    caller the same as NOT_SUPPORTED, so it is one."""
+
+    code = 13
+
+
 class GpuTimeoutError(GpuLibraryError):
     code = 10
 
@@ -122,6 +145,7 @@ ERRORS_BY_CODE: dict[int, type[GpuLibraryError]] = {
         InvalidArgumentError,
         NotSupportedError,
         NotFoundError,
+        FunctionNotFoundError,
         NoPermissionError,
         GpuTimeoutError,
         GpuIsLostError,
@@ -203,6 +227,28 @@ class GpuEvent:
     compute_instance: int = WHOLE_GPU
 
 
+@dataclass(frozen=True, slots=True)
+class FabricInfo:
+    """nvmlDeviceGetGpuFabricInfoV (v2, or the older nvmlDeviceGetGpuFabricInfo): where the
+    GPU sits in an NVLink fabric (NVSwitch systems; NVL72 racks span nodes).
+
+    ``cluster_uuid`` is the 16-byte cluster UUID in its canonical 36-character form (all
+    zeros on a single-node HGX); ``status`` is the NVML return code of the registration.
+    """
+
+    cluster_uuid: str
+    clique_id: int
+    state: int
+    status: int
+
+    @property
+    def attached(self) -> bool:
+        """Registered in a multi-node NVLink fabric: what go-nvlib's ``IsFabricAttached``
+        checks (state completed, status success, a cluster UUID that is not zero)."""
+        return (self.state == FABRIC_STATE_COMPLETED and self.status == 0
+                and self.cluster_uuid.strip("0-") != "")
+
+
 class DeviceHandle(Protocol):
     """Opaque per-device handle; only the library that made it knows what is inside."""
 
@@ -259,6 +305,13 @@ class GpuLibrary(Protocol):
         self, handle: DeviceHandle, gpu_instance_id: int, compute_instance_id: int
     ) -> None: ...
     def destroy_gpu_instance(self, handle: DeviceHandle, gpu_instance_id: int) -> None: ...
+    # NVLink topology (discovery.nvlink): one link at a time, 0..NVLINK_MAX_LINKS-1.
+    def device_nvlink_state(self, handle: DeviceHandle, link: int) -> bool: ...  # active
+    def device_nvlink_remote_pci_bus_id(
+        self, handle: DeviceHandle, link: int
+    ) -> str: ...  # NVML form, like device_pci_bus_id
+    def device_nvlink_remote_device_type(self, handle: DeviceHandle, link: int) -> int: ...
+    def device_gpu_fabric_info(self, handle: DeviceHandle) -> FabricInfo: ...
     # Events (health monitoring).
     def device_supported_event_types(self, handle: DeviceHandle) -> int: ...
     def event_set_create(self) -> EventSet: ...

@@ -8,6 +8,7 @@ a warning naming the GPU and the call.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from discovery.gpulib import (
 )
 from discovery.model import AttributeValue, CounterSet, Device, DeviceType, HostInfo, Version
 from discovery.names import gpu_name, mig_name
+from discovery.nvlink import GpuLinks, nvlink_attributes, read_links
 from discovery.partitions import GpuFacts, OwnedKey, plan_gpu
 from discovery.sysfs import PciFunction
 
@@ -92,6 +94,7 @@ class NvidiaScanner:
         self.want_gpu = want_gpu
         self.want_mig = want_mig
         self.out = GpuScan()
+        self._links: list[GpuLinks] = []  # of the GPUs offered whole
 
     def scan(self) -> GpuScan:
         try:
@@ -149,6 +152,17 @@ class NvidiaScanner:
                 self.out.warnings.append(msg)
                 continue
             self._add_gpu(handle, common)
+        self._add_nvlink_attributes()
+
+    def _add_nvlink_attributes(self) -> None:
+        """NVLink domains need every GPU's links, so they are added once all are read."""
+        node_gpus = {f.bdf for f in self.pci.values() if _is_nvidia_gpu(f)}
+        extra = nvlink_attributes(self._links, node_gpus)
+        self.out.devices = [
+            dataclasses.replace(d, attributes={**d.attributes, **extra[d.host.pci_address]})
+            if d.type is DeviceType.GPU and d.host.pci_address in extra else d
+            for d in self.out.devices
+        ]
 
     def _common(
         self, handle: DeviceHandle, index: int, system: Mapping[str, AttributeValue]
@@ -212,6 +226,9 @@ class NvidiaScanner:
                 f"mode is on (nvidia-smi -i {c.bdf} -mig 1, then reset the GPU)")
         if not self.want_gpu:
             return
+        links = read_links(self.lib, handle, c.bdf, name, self.out.warnings)
+        if links is not None:
+            self._links.append(links)
         attrs = dict(c.attrs)
         attrs["uuid"] = c.uuid
         attrs["minor"] = c.minor

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import uuid
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -16,6 +17,8 @@ from discovery.gpulib import (
     ERRORS_BY_CODE,
     DeviceHandle,
     EventSet,
+    FabricInfo,
+    FunctionNotFoundError,
     GpuEvent,
     GpuInstanceInfo,
     GpuInstanceProfile,
@@ -272,6 +275,45 @@ class NvmlLibrary:
     def destroy_gpu_instance(self, handle: DeviceHandle, gpu_instance_id: int) -> None:
         nvml = self.nvml
         nvml.nvmlGpuInstanceDestroy(nvml.nvmlDeviceGetGpuInstanceById(handle, gpu_instance_id))
+
+    @_translate
+    def device_nvlink_state(self, handle: DeviceHandle, link: int) -> bool:
+        # NVML's NvLink methods (docs.nvidia.com/deploy/nvml-api/group__NvLink.html): 1
+        # active, 0 inactive, and on newer drivers 2 asleep, a trained link in a low-power
+        # state that wakes on traffic, so still a peer. INVALID_ARGUMENT for a link the GPU
+        # lacks, NOT_SUPPORTED for a GPU without NVLink.
+        return bool(self.nvml.nvmlDeviceGetNvLinkState(handle, link))
+
+    @_translate
+    def device_nvlink_remote_pci_bus_id(self, handle: DeviceHandle, link: int) -> str:
+        # pynvml calls nvmlDeviceGetNvLinkRemotePciInfo_v2, which fills nvmlPciInfo_t: the
+        # bus id at its 9.0 place (busId), the 16-character one before it (busIdLegacy).
+        info = self.nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
+        return str(info.busId or info.busIdLegacy)
+
+    @_translate
+    def device_nvlink_remote_device_type(self, handle: DeviceHandle, link: int) -> int:
+        return int(self.nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link))
+
+    def device_gpu_fabric_info(self, handle: DeviceHandle) -> FabricInfo:
+        """The versioned call (v2 struct) where the library has it, else the legacy one
+        (drivers before it, deprecated since); neither: FunctionNotFoundError."""
+        nvml = self.nvml
+        versioned = getattr(nvml, "c_nvmlGpuFabricInfo_v2_t", None)  # older nvidia-ml-py: none
+        try:
+            if versioned is None:
+                raise FunctionNotFoundError("no versioned struct", call="device_gpu_fabric_info")
+            info = versioned()  # sets .version itself
+            _translate(nvml.nvmlDeviceGetGpuFabricInfoV)(handle, ctypes.byref(info))
+        except FunctionNotFoundError:
+            info = nvml.c_nvmlGpuFabricInfo_t()
+            _translate(nvml.nvmlDeviceGetGpuFabricInfo)(handle, ctypes.byref(info))
+        return FabricInfo(
+            cluster_uuid=str(uuid.UUID(bytes=bytes(info.clusterUuid))),
+            clique_id=int(info.cliqueId),
+            state=int(info.state),
+            status=int(info.status),
+        )
 
     @_translate
     def device_supported_event_types(self, handle: DeviceHandle) -> int:

@@ -9,6 +9,7 @@ from discovery.simulate.fake_nvml import (
     H100_80GB_PROFILES,
     FakeGpu,
     FakeMig,
+    FakeNvLink,
     FakeNvml,
     GiProfile,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "PROFILES",
     "FakeGpu",
     "FakeMig",
+    "FakeNvLink",
     "FakeNvml",
     "GiProfile",
     "ProfileError",

@@ -1,8 +1,9 @@
 """The simulated NVIDIA DGX machines: ``dgx-h100`` (8 H100 with a 400G InfiniBand NIC under
 each GPU's PCIe switch) and ``dgx-a100-mig`` (8 A100, four in MIG mode with mixed layouts),
 each also with room to partition (``dgx-h100-mig``, ``dgx-a100-mig-room``) for ``--mig
-dynamic``. Bus numbers, NUMA nodes, netdev and RDMA names follow the published DGX port maps;
-where a value is inferred it is marked ``[inf]``.
+dynamic``, and ``hgx-h100-nvswitch``, the H100 machine with its NVLinks trained. Bus
+numbers, NUMA nodes, netdev and RDMA names follow the published DGX port maps; where a value
+is inferred it is marked ``[inf]``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from discovery.simulate.fake_nvml import (
     FakeGpu,
     FakeMig,
 )
+from discovery.simulate.nvlink_nodes import wire_nvswitches
 from discovery.simulate.parts import (
     BROADCOM,
     CLASS_3D,
@@ -64,7 +66,9 @@ def h100_room(index: int) -> tuple[tuple[int, int], list[FakeMig]]:
     return (0, 0), []
 
 
-def dgx_h100(node: Node, migs: MigLayout = _no_mig) -> None:
+def dgx_h100(node: Node, migs: MigLayout = _no_mig, fabric_manager: bool = False) -> None:
+    """``fabric_manager``: NVLinks trained (``hgx-h100-nvswitch``); else untrained, as
+    before nvidia-fabricmanager has run (``dgx-h100``)."""
     s = node.sys
     for k, (r, mlx, numa) in enumerate(H100_PAIRS):
         root, cpus = f"pci0000:{r:02x}", H100_CPUS[numa]
@@ -99,10 +103,11 @@ def dgx_h100(node: Node, migs: MigLayout = _no_mig) -> None:
             ifname = f"ibp{bus}s0f0" if fn == 0 else f"enp{bus}s0f1np1"
             connectx(node, spec, ifname, mlx + fn, ib=fn == 0, speed=400000 if fn == 0 else 200000,
                 hca="MT4129")
-    # 4 NVSwitch functions: class 0x0680, never offered.
+    # 4 NVSwitch functions: class 0x0680, never offered; every GPU's NVLinks end there.
     for bus in range(5, 9):
         s.function(PciSpec(bdf(bus), "pci0000:00", (), NVIDIA, 0x22A3, 0x068000,
                            (NVIDIA, 0x1796), 0, H100_CPUS[0], "nvidia-nvswitch"))
+    wire_nvswitches(node.gpus, [bdf(bus) for bus in range(5, 9)], trained=fabric_manager)
     mgmt_nic(node, 0x0B, "eno3", 0, H100_CPUS[0])
     write_numa(s, H100_NUMA, near=12, far=21)
     _mig_cap_nodes(node)

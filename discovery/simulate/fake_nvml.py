@@ -5,6 +5,11 @@ The numbers follow real captures, not the upstream mocks: memory totals that are
 placements counted in 8 memory slices, driver-picked GI ids, MIG UUIDs in UUIDv5 form and an
 NVML bus id in NVML's own spelling (``00000000:1B:00.0``).
 
+NVLink follows NVML's answers per link: NOT_SUPPORTED on a GPU without NVLink,
+INVALID_ARGUMENT for a link index the GPU lacks, each link's state, remote PCI address and
+remote device type (``FakeNvLink``); ``FakeGpu.fabric`` is what nvmlDeviceGetGpuFabricInfoV
+reports (None: NOT_SUPPORTED, as before Hopper).
+
 Hooks for tests and the health feature: ``inject_xid``, ``inject_ecc``, ``set_lost``,
 ``recover`` (one GPU answers again), ``fail`` (make one call raise for one GPU, e.g. an NVML
 error mid-scan), ``clear_faults``. They may be called from any thread (a running agent takes
@@ -39,9 +44,11 @@ from discovery.gpulib import (
     EVENT_SINGLE_BIT_ECC,
     EVENT_XID_CRITICAL,
     GI_PROFILE_INDEXES,
+    NVLINK_MAX_LINKS,
     WHOLE_GPU,
     DeviceHandle,
     EventSet,
+    FabricInfo,
     GpuEvent,
     GpuInstanceInfo,
     GpuInstanceProfile,
@@ -137,6 +144,17 @@ class FakeMig:
     uuid: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class FakeNvLink:
+    """One NVLink of a GPU: what sits at its far end (``remote``: a PCI address in sysfs form,
+    "" for an NVSwitch outside the node, whose PCI info NVML does not give) and whether the
+    link is trained. ``kind`` is an NVLINK_REMOTE_* value."""
+
+    remote: str
+    kind: int
+    active: bool = True
+
+
 @dataclass
 class FakeGpu:
     index: int
@@ -157,6 +175,11 @@ class FakeGpu:
     #: The GI profile table; None: chosen by model name (H100, A100 80GB).
     mig_profiles: dict[int, GiProfile] | None = None
     created: int = 0  # instances created so far, for fresh MIG UUIDs
+    #: NVLinks the GPU has (0: none, every NVLink call is NOT_SUPPORTED) and, by index, those
+    #: wired to something; a link of the count not in ``nvlinks`` is inactive.
+    nvlink_count: int = 0
+    nvlinks: dict[int, FakeNvLink] = field(default_factory=dict)
+    fabric: FabricInfo | None = None
 
     def __post_init__(self) -> None:
         if not self.uuid:
@@ -177,8 +200,13 @@ class FakeGpu:
 
     @property
     def nvml_bus_id(self) -> str:
-        domain, bus, rest = self.bdf.split(":")
-        return f"{int(domain, 16):08X}:{bus.upper()}:{rest.upper()}"
+        return nvml_bus_id(self.bdf)
+
+
+def nvml_bus_id(bdf: str) -> str:
+    """``0000:1b:00.0`` (sysfs) -> ``00000000:1B:00.0``, NVML's spelling."""
+    domain, bus, rest = bdf.split(":")
+    return f"{int(domain, 16):08X}:{bus.upper()}:{rest.upper()}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -594,6 +622,43 @@ class FakeNvml:
             gpu.migs.remove(entries[0])
             self._save()
         self._deliver(gpu, EVENT_MIG_CONFIG_CHANGE, 0, None)
+
+    # -- NVLink -----------------------------------------------------------------------------
+    def _link(self, call: str, handle: DeviceHandle, link: int) -> FakeNvLink | None:
+        """The link asked for; None when it exists but is not trained."""
+        gpu = self._h(call, handle).gpu
+        if not 0 <= link < NVLINK_MAX_LINKS:
+            raise InvalidArgumentError(f"link {link}", call=call)
+        if gpu.nvlink_count == 0:
+            raise NotSupportedError("NVLink not supported", call=call)
+        if link >= gpu.nvlink_count:
+            raise InvalidArgumentError(f"link {link} of {gpu.nvlink_count}", call=call)
+        wired = gpu.nvlinks.get(link)
+        return wired if wired is not None and wired.active else None
+
+    def device_nvlink_state(self, handle: DeviceHandle, link: int) -> bool:
+        return self._link("device_nvlink_state", handle, link) is not None
+
+    def device_nvlink_remote_pci_bus_id(self, handle: DeviceHandle, link: int) -> str:
+        call = "device_nvlink_remote_pci_bus_id"
+        wired = self._link(call, handle, link)
+        if wired is None or not wired.remote:
+            raise NotSupportedError(f"no remote PCI info on link {link}", call=call)
+        return nvml_bus_id(wired.remote)
+
+    def device_nvlink_remote_device_type(self, handle: DeviceHandle, link: int) -> int:
+        call = "device_nvlink_remote_device_type"
+        wired = self._link(call, handle, link)
+        if wired is None:
+            raise NotSupportedError(f"link {link} is not active", call=call)
+        return wired.kind
+
+    def device_gpu_fabric_info(self, handle: DeviceHandle) -> FabricInfo:
+        call = "device_gpu_fabric_info"
+        fabric = self._h(call, handle).gpu.fabric
+        if fabric is None:
+            raise NotSupportedError("no GPU fabric", call=call)
+        return fabric
 
     def device_supported_event_types(self, handle: DeviceHandle) -> int:
         self._h("device_supported_event_types", handle)

@@ -1,5 +1,6 @@
 """Simulated nodes: ``dgx-h100``, ``dgx-h100-mig``, ``dgx-a100-mig``, ``dgx-a100-mig-room``,
-``sriov-nic``, ``sriov-novfs``, ``amd-mi300x``, ``empty``.
+``sriov-nic``, ``sriov-novfs``, ``amd-mi300x``, ``empty``, and the NVLink machines
+``pcie-nvlink-pairs``, ``hgx-h100-nvswitch``, ``gb200-nvl72``.
 
 ``dgx-h100-mig`` and ``dgx-a100-mig-room`` have MIG-mode GPUs with room to partition (empty,
 or partly taken by instances someone else made) for ``--mig dynamic``; ``sriov-novfs`` is
@@ -10,8 +11,8 @@ stand-ins under a work directory, and pairs them with a FakeNvml. Bus numbers, N
 netdev and RDMA names follow the published DGX port maps; where a value is inferred (bridge
 device numbers, the A100 root buses) it is marked ``[inf]``.
 
-The machines are built in ``dgx``, ``sriov_nic`` and ``amd_mi300x`` from the shared
-``parts``; this module names them and writes one out.
+The machines are built in ``dgx``, ``nvlink_nodes``, ``sriov_nic`` and ``amd_mi300x`` from
+the shared ``parts``; this module names them and writes one out.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from discovery.simulate.amd_mi300x import amd_mi300x
 from discovery.simulate.dgx import a100_room, dgx_a100, dgx_h100, h100_room
 from discovery.simulate.fake_nvml import FakeNvml
+from discovery.simulate.nvlink_nodes import gb200_nvl72, pcie_nvlink_pairs
 from discovery.simulate.parts import Node, common_virtual
 from discovery.simulate.sriov import SimulatedSriov
 from discovery.simulate.sriov_nic import sriov
@@ -51,6 +53,9 @@ PROFILES: dict[str, Callable[[Node], None]] = {
     "sriov-nic": sriov,
     "sriov-novfs": partial(sriov, vfs=0),
     "amd-mi300x": amd_mi300x,
+    "pcie-nvlink-pairs": pcie_nvlink_pairs,
+    "hgx-h100-nvswitch": partial(dgx_h100, fabric_manager=True),
+    "gb200-nvl72": gb200_nvl72,
     "empty": _empty,
 }
 
