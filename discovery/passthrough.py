@@ -91,8 +91,9 @@ def with_passthrough(devices: Sequence[Device], pci: Mapping[str, PciFunction],
         if device.type == DeviceType.GPU and bdf and not device.allow_multiple_allocations \
                 and not device.consumes and bdf in pci:
             whole[bdf] = device
-            device = replace(device, consumes=(_owner(bdf),))
-        out.append(device)
+            out.append(replace(device, consumes=(_owner(bdf),)))
+        else:
+            out.append(device)
     sets: list[CounterSet] = []
     for bdf, fn in sorted(pci.items()):
         if not _is_gpu_function(fn) or (bdf not in whole and fn.driver != VFIO_DRIVER):
@@ -110,12 +111,13 @@ def vfio_device(fn: PciFunction, below: Mapping[str, frozenset[str]]) -> Device:
     """The VFIO form of a GPU function: sysfs facts only, the same on any driver."""
     attrs: dict[str, AttributeValue] = {
         k: v for k, v in pci_attributes(fn, below).items() if k != "driver"}
-    attrs["vendor"] = vendor_name(fn.vendor) or ""
+    vendor = vendor_name(fn.vendor) or ""
+    attrs["vendor"] = vendor
     if fn.physfn:
         attrs.update(isVF=True, parentPF=fn.physfn)
     nodes = (f"/dev/vfio/{fn.iommu_group}", "/dev/vfio/vfio") \
         if fn.driver == VFIO_DRIVER and fn.iommu_group else ()
-    host = HostInfo(pci_address=fn.bdf, vendor=attrs["vendor"] or None, dev_nodes=nodes,
+    host = HostInfo(pci_address=fn.bdf, vendor=vendor or None, dev_nodes=nodes,
                     iommu_group=fn.iommu_group, driver=fn.driver, parent_pf=fn.physfn)
     return Device(vfio_name(fn.bdf), DeviceType.VFIO, attrs, {}, host,
                   consumes=(_owner(fn.bdf),))

@@ -207,7 +207,7 @@ class FakeNvml:
 
     def __init__(self, gpus: list[FakeGpu], driver: str = "550.54.15", cuda: int = 12040,
                  init_error: GpuLibraryError | None = None,
-                 state_path: Path | None = None, sysfs_root: Path | None = None) -> None:
+                 state_path: Path | None = None, *, sysfs_root: Path | None = None) -> None:
         self.gpus = gpus
         #: The simulated sysfs tree: NVML lists only the GPUs bound to ``nvidia`` there (one
         #: bound to vfio-pci for a VM is gone from it, as from the real NVML). None: all.

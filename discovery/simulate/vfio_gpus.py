@@ -34,7 +34,7 @@ def _vfio_loaded(node: Node) -> None:
     node.dev_nodes.append("vfio/vfio")
 
 
-def _gpu(node: Node, bus: int, spec_of: tuple[int, int, int], driver: str, group: int,
+def _gpu(node: Node, bus: int, spec_of: tuple[int, int, int], driver: str, *, group: int,
          numa: int, cpus: str) -> tuple[str, str, tuple[str, ...]]:
     """One GPU under a root port of its own: (root, its BDF, the chain to it)."""
     vendor, device, pci_class = spec_of
@@ -56,7 +56,8 @@ def passthrough_nvidia(node: Node) -> None:
     for k, (bus, device, driver) in enumerate(layout):
         numa = 0 if k < 2 else 1
         klass = CLASS_VGA if device == RTX6000_ADA else CLASS_3D
-        root, gpu, chain = _gpu(node, bus, (NVIDIA, device, klass), driver, 20 + k, numa, cpus)
+        root, gpu, chain = _gpu(node, bus, (NVIDIA, device, klass), driver, group=20 + k,
+                                numa=numa, cpus=cpus)
         name = "NVIDIA RTX 6000 Ada Generation" if device == RTX6000_ADA else "NVIDIA L40S"
         node.gpus.append(FakeGpu(k, k, gpu, name, L40S_MEMORY, device, 8, (8, 9)))
         node.dev_nodes.append(f"nvidia{k}")
@@ -73,7 +74,8 @@ def passthrough_amd(node: Node) -> None:
     _vfio_loaded(node)
     cpus = "0-63"
     for k, bus in enumerate((0x23, 0x43)):
-        _, gpu, _ = _gpu(node, bus, (AMD, MI210, CLASS_DISPLAY), "amdgpu", 30 + k, 0, cpus)
+        _, gpu, _ = _gpu(node, bus, (AMD, MI210, CLASS_DISPLAY), "amdgpu", group=30 + k,
+                         numa=0, cpus=cpus)
         _drm(node, gpu, k)
     # Two MI210 behind one switch without ACS: the kernel puts both in IOMMU group 32.
     root, port, up = "pci0000:82", bdf(0x82, 1), bdf(0x83)
@@ -102,7 +104,8 @@ def passthrough_intel(node: Node) -> None:
     _vfio_loaded(node)
     cpus = "0-55"
     for k, bus in enumerate((0x4D, 0x9A)):
-        _, gpu, _ = _gpu(node, bus, (INTEL, FLEX_170, CLASS_DISPLAY), "i915", 40 + k, k, cpus)
+        _, gpu, _ = _gpu(node, bus, (INTEL, FLEX_170, CLASS_DISPLAY), "i915", group=40 + k,
+                         numa=k, cpus=cpus)
         path = (node.sys.root / "bus/pci/devices" / gpu).resolve()
         node.sys.drm(path, card=k + 1, render=128 + k)
         node.dev_nodes += [f"dri/card{k + 1}", f"dri/renderD{128 + k}"]

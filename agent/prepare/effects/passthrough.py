@@ -84,8 +84,9 @@ class PassthroughEffect(BaseEffect):
         passed = {d.host.pci_address for d in vfio}
         for gpu in gpus:
             other = held.get(gpu.host.pci_address or "")
-            if gpu.host.pci_address in passed or (other and other[0].type == DeviceType.VFIO):
-                by = "this claim" if gpu.host.pci_address in passed else other[1]
+            by = "this claim" if gpu.host.pci_address in passed else \
+                other[1] if other is not None and other[0].type == DeviceType.VFIO else None
+            if by is not None:
                 raise PassthroughError(claim, f"device {gpu.name}: GPU {gpu.host.pci_address} "
                                               f"is handed to a VM by {by} (its VFIO form); "
                                               "one GPU is either a container's or a VM's")
