@@ -25,7 +25,7 @@ from tests.plugnode import DRIVER, NODE
 
 #: Every GPU function of each node, and which has a container form (NVIDIA's fourth is on
 #: vfio-pci from boot: NVML never lists it).
-GPUS = {
+GPUS: dict[str, dict[str, str | None]] = {
     "nvidia": {"0000:18:00.0": "gpu-0", "0000:3b:00.0": "gpu-1", "0000:5e:00.0": "gpu-2",
                "0000:af:00.0": None},
     "amd": {b: f"gpu-{b.replace(':', '-').replace('.', '-')}" for b in (
@@ -118,7 +118,7 @@ def test_the_scheduler_never_hands_out_both_forms_of_one_gpu(tmp_path: Path) -> 
     slices = slice_objects(build_resources(_discover(tmp_path, "nvidia"), NODE), DRIVER, NODE)
     classes = packaged_classes()
     vm = explain(_claim(("vm", "vfio")), classes, slices, NODE)
-    assert vm.fits
+    assert vm.fits and vm.allocation is not None
     assert [r["device"] for r in vm.allocation["devices"]["results"]] == [
         "gpu-vfio-0000-18-00-0"]
     both = explain(_claim(("vm", "vfio"), ("ctr", "gpu")), classes, slices, NODE)

@@ -48,7 +48,7 @@ def test_the_documented_claim_gets_a_gpu_for_a_vm(tmp_path: Path) -> None:
     slices = slice_objects(build_resources(node.inventory(), NODE), DRIVER, NODE)
     claim = _claim_from_docs()
     result = explain(claim, packaged_classes(), slices, NODE)
-    assert result.fits
+    assert result.fits and result.allocation is not None
     claim["status"] = {"allocation": result.allocation}
     (chosen,) = result.allocation["devices"]["results"]
     assert published(node)[chosen["device"]].type == "vfio"

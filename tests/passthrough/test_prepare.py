@@ -8,6 +8,7 @@ import json
 import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -205,7 +206,8 @@ def test_a_tampered_record_changes_no_driver(tmp_path: Path, caplog: pytest.LogC
     def forged(held: PreparedDevice) -> PreparedDevice:
         if field == RESTORE:
             return replace(held, extra={**held.extra, RESTORE: value})
-        return replace(held, **{field: value})
+        changes: dict[str, Any] = {field: value}
+        return replace(held, **changes)
 
     path.write_bytes(encode(data.with_claims({uid: replace(r, devices=tuple(
         forged(d) for d in r.devices)) for uid, r in data.claims.items()})))
