@@ -24,7 +24,7 @@ def discovery_options(cfg: Config, **more: Any) -> DiscoveryOptions:
     return DiscoveryOptions(
         device_types=cfg.device_types, sharing=parse_sharing_list(cfg.sharing), mig=cfg.mig,
         vfs=cfg.vfs, vf_bandwidth_mbps=parse_vf_rate(cfg.vf_bandwidth) if cfg.vf_bandwidth
-        else None, **more)
+        else None, gpu_passthrough=cfg.gpu_passthrough, **more)
 
 
 def run_discovery(cfg: Config) -> Inventory:

@@ -31,6 +31,9 @@ class DeviceType(StrEnum):
     MIG = "mig"
     NIC = "nic"
     VF = "vf"
+    #: A whole GPU for a VM, bound to vfio-pci at prepare (``--gpu-passthrough``,
+    #: discovery.passthrough).
+    VFIO = "vfio"
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,8 @@ def details(device: Device) -> str:
         parts.append(f"guaranteed={device.capacity['bandwidth']}")
     if device.host.driver == "vfio-pci":
         parts.append(f"vfio-group={device.host.iommu_group}")
+    elif device.type == DeviceType.VFIO:  # --gpu-passthrough: bound to vfio-pci at prepare
+        parts.append(f"iommu-group={device.host.iommu_group or 'none'} bound-at-prepare")
     if a.get("partition") is True:
         parts.append("made-at-prepare")  # --mig/--vfs dynamic
     return " ".join(p for p in parts if p)

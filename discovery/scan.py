@@ -19,6 +19,7 @@ from discovery.model import CounterSet, Device, DeviceType, Inventory
 from discovery.names import natural_key
 from discovery.nics import NicFilter, scan_nics, uplink_interfaces
 from discovery.partitions import OwnedKey
+from discovery.passthrough import with_passthrough
 from discovery.sharing import SharingMode, apply_sharing
 from discovery.sources import Sources
 from discovery.sysfs import Sysfs, endpoints_below
@@ -26,7 +27,9 @@ from discovery.vfs import on_demand, with_bandwidth
 
 log = logging.getLogger("discovery.scan")
 
-ALL_TYPES: tuple[str, ...] = tuple(str(t) for t in DeviceType)
+#: The kinds ``device_types`` switches; the VFIO form of a GPU is switched by
+#: ``gpu_passthrough`` (and goes with ``gpu``).
+ALL_TYPES: tuple[str, ...] = tuple(str(t) for t in DeviceType if t is not DeviceType.VFIO)
 MIG_MODES = ("static", "dynamic")
 VF_MODES = ("static", "dynamic")
 
@@ -62,6 +65,9 @@ class DiscoveryOptions:
     #: With ``vfs="dynamic"``: the Mbit/s each VF is guaranteed of its PF's link
     #: (``--vf-bandwidth``, discovery.vfs); None: VFs are counted, not their bandwidth.
     vf_bandwidth_mbps: int | None = None
+    #: ``--gpu-passthrough``: every whole GPU also offered as its VFIO form, for VMs
+    #: (discovery.passthrough).
+    gpu_passthrough: bool = False
 
     def __post_init__(self) -> None:
         if self.mig not in MIG_MODES:
@@ -136,6 +142,9 @@ def discover(sources: Sources, options: DiscoveryOptions | None = None) -> Inven
         devices += nic_devices
 
     devices = apply_sharing(devices, options.sharing, warnings)
+    if options.gpu_passthrough and options.wants(DeviceType.GPU):
+        devices, vfio_sets = with_passthrough(devices, pci, below)
+        counter_sets += vfio_sets
     devices = _unique([fit_limits(d) for d in devices], warnings)
     log.debug("discovery done", extra={
         "devices": len(devices), "reserved": len(reserved), "source": sources.label,

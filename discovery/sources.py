@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from discovery.gpulib import GpuLibrary
+from discovery.passthrough import PciDrivers
 from discovery.vfs import SriovControl
 
 __all__ = ["GpuLibrary", "ProcRoutes", "RouteSource", "Sources"]
@@ -43,6 +44,8 @@ class Sources:
     label: str = "host"
     #: Where VFs are made (--vfs dynamic); None: the kernel's sysfs under ``sysfs_root``.
     sriov: SriovControl | None = None
+    #: Where GPUs are bound to vfio-pci (--gpu-passthrough); None: the kernel's sysfs.
+    pci_drivers: PciDrivers | None = None
 
 
 def _hex_le_ipv4(text: str) -> int:

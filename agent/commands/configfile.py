@@ -137,6 +137,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "mig": _mig_mode,
     "vfs": _vf_mode,
     "vf_bandwidth": _vf_bandwidth,
+    "gpu_passthrough": _bool,
     "metrics_address": _text,
     "log_format": _text,
     "config_file": _path,

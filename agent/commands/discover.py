@@ -42,7 +42,8 @@ def discover_for_command(cfg: Config) -> Inventory:
               default="table", show_default=True)
 @click.option("--topology", is_flag=True, help="Show a NUMA -> PCIe root -> switch tree.")
 @shared_options("driver_name", "node_name", "sysfs_root", "simulate", "device_types",
-                "numa_node_attribute", "sharing", "mig", "vfs", "vf_bandwidth", "config_file",
+                "numa_node_attribute", "sharing", "mig", "vfs", "vf_bandwidth", "gpu_passthrough",
+                "config_file",
                 "log_format", "verbosity")
 def command(output: str, topology: bool, **kwargs: Any) -> None:
     """Show the devices this node would publish (nothing is published)."""

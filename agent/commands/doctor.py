@@ -34,8 +34,8 @@ if TYPE_CHECKING:
               help="The host's / (in a pod: mounted read-only) [default: /; --simulate: a "
                    "generated healthy node]")
 @shared_options("driver_name", "node_name", "kubeconfig", "kubelet_dir", "cdi_dir", "simulate",
-                "device_types", "sharing", "metrics_address", "config_file", "log_format",
-                "verbosity")
+                "device_types", "sharing", "gpu_passthrough", "metrics_address", "config_file",
+                "log_format", "verbosity")
 def command(**kwargs: Any) -> None:
     """Check why pods on this node would not get their devices.
 

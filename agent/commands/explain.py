@@ -47,6 +47,7 @@ from agent.explain.render import to_json, to_table, to_table_pod, to_yaml
               show_default=True)
 @shared_options("driver_name", "node_name", "kubeconfig", "sysfs_root", "simulate",
                 "device_types", "numa_node_attribute", "sharing", "mig", "vfs", "vf_bandwidth",
+                "gpu_passthrough",
                 "config_file", "verbosity")
 def command(*, claim_files: tuple[str, ...], class_files: tuple[str, ...], slices_from: str,
             allocated_files: tuple[str, ...], feature_gates: str, kubernetes_version: str,

@@ -61,6 +61,11 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         "help": "with --vfs dynamic: guarantee each VF RATE (bit/s: 25G, 2500M) of its PF's "
                 "link; the scheduler hands out only as many as the link carries, prepare "
                 "caps each VF at RATE [default: VFs counted only]"}),
+    (("--gpu-passthrough",), {
+        "is_flag": True, "default": None,
+        "help": "also offer every whole GPU as its VFIO form (type vfio, class "
+                "vfio.dra-agent.io), bound to vfio-pci at prepare for a VM (KubeVirt) "
+                "and given back its driver at unprepare [default: off]"}),
     (("--metrics-address",), {"help": "host:port of metrics and health [default: 127.0.0.1:9464]"}),
     (("--config", "config_file"), {"help": "YAML config file", "type": click.Path()}),
     (("--log-format",), {"type": click.Choice(["logfmt", "json"])}),

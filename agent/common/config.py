@@ -54,6 +54,9 @@ class Config:
     vfs: str = "static"
     #: With vfs=dynamic: what each VF is guaranteed of its PF's link ("25G"), discovery/vfs.py.
     vf_bandwidth: str | None = None
+    #: Every whole GPU also offered as its VFIO form, bound to vfio-pci for a VM at prepare
+    #: (discovery/passthrough.py).
+    gpu_passthrough: bool = False
     config_file: Path | None = None
 
     @property

@@ -52,6 +52,9 @@ class Point(StrEnum):
     # VFs on demand (agent.prepare.effects.vfs).
     VF_AFTER_INTENT = "vf-after-intent"  # the drivers to restore are recorded, none rebound
     VF_AFTER_BOUND = "vf-after-bound"  # the claim's VFs are on their new drivers
+    # GPU passthrough (agent.prepare.effects.passthrough).
+    GPU_VFIO_AFTER_INTENT = "gpu-vfio-after-intent"  # the drivers to restore are recorded
+    GPU_VFIO_AFTER_BOUND = "gpu-vfio-after-bound"  # the claim's GPUs are on vfio-pci
     # Shares (agent.prepare.effects.timeslice).
     TIME_SLICE_AFTER_SET = "time-slice-after-set"  # the GPU's interval set, no spec yet
 

@@ -31,6 +31,7 @@ from agent.prepare.effects.mig import MigEffect
 from agent.prepare.effects.migcontrol import MigPartitions
 from agent.prepare.effects.mps import MpsEffect
 from agent.prepare.effects.netdev import NetdevEffect
+from agent.prepare.effects.passthrough import PassthroughEffect
 from agent.prepare.effects.timeslice import TimeSliceEffect
 from agent.prepare.effects.vfs import VfEffect
 from agent.prepare.gpucontrol import GpuControl
@@ -41,6 +42,7 @@ from agent.prepare.options import PrepareOptions
 from agent.prepare.preparer import DevicePreparer
 from cdi.edits import EditsProvider
 from discovery.model import Inventory
+from discovery.passthrough import PciDrivers, SysfsPciDrivers
 from discovery.sources import Sources
 from discovery.vfs import SriovControl, SysfsSriov
 
@@ -71,16 +73,20 @@ def effects(
     mig: MigPartitions | None = None, sriov: SriovControl | None = None,
     rescan: Callable[[], Inventory] | None = None, failpoints: Failpoints | None = None,
     mps_control: MpsControl | None = None, netdev: Effect | None = None,
+    pci_drivers: PciDrivers | None = None,
 ) -> tuple[Effect, ...]:
     """The host effects of this node, in the order prepare applies them. ``mig``: dynamic
     MIG partitions (``--mig dynamic``); ``sriov`` and ``rescan``: VFs on demand (``--vfs
     dynamic``), made through ``sriov`` and read back by ``rescan``; ``mps_control``: the MPS
-    server's limits (``--mps-pipe-dir``)."""
+    server's limits (``--mps-pipe-dir``); ``pci_drivers``: GPUs bound to vfio-pci for VMs
+    (``--gpu-passthrough``)."""
     ordered: list[Effect | None] = [
         MpsEffect(mps_pipe_dir, mps_control, inventory),  # before the metadata's mounts
         MigEffect(mig, inventory, failpoints) if mig is not None else None,
         VfEffect(sriov, rescan or inventory, failpoints, inventory=inventory)
         if sriov is not None else None,
+        PassthroughEffect(pci_drivers, rescan or inventory, failpoints, inventory=inventory)
+        if pci_drivers is not None else None,  # before the metadata: it names the bound GPU
         MetadataEffect(metadata),  # after the devices exist: the spec's mounts name its files
         netdev,  # the moved interfaces' hooks (docs/netdev.md)
         TimeSliceEffect(gpu_control, inventory, failpoints),
@@ -150,6 +156,8 @@ def node_plugin(
     mig = MigPartitions(sources.gpu, failpoints) \
         if cfg.mig == "dynamic" and sources.gpu is not None else None
     sriov = (sources.sriov or SysfsSriov(sources.sysfs_root)) if cfg.vfs == "dynamic" else None
+    pci_drivers = (sources.pci_drivers or SysfsPciDrivers(sources.sysfs_root)) \
+        if cfg.gpu_passthrough else None
     plugin = PluginOptions(driver_name=cfg.driver_name, kubelet_dir=cfg.kubelet_dir,
                            pod_uid=run.pod_uid, rolling_update=run.rolling_update,
                            registration_timeout_s=run.registration_timeout_s)
@@ -158,7 +166,7 @@ def node_plugin(
                       mps_pipe_dir=prepare.mps_pipe_dir, gpu_control=machine.gpu_control(cfg, run),
                       mig=mig, sriov=sriov, rescan=rescan, failpoints=failpoints,
                       mps_control=machine.mps_control(cfg, run),
-                      netdev=netdev_effect(prepare, inventory))
+                      netdev=netdev_effect(prepare, inventory), pci_drivers=pci_drivers)
     made = preparer(prepare, inventory, edits, ordered, metrics=metrics, failpoints=failpoints)
     return PluginServer(plugin, made, claims, metrics, health_servicer=health_servicer,
                         failpoints=failpoints), made

@@ -100,15 +100,53 @@ def check_toolkit_envvar(ctx: Context) -> Check:
 
 
 def check_iommu(ctx: Context) -> Check:
-    vfio = [d.name for d in ctx.inventory().devices if d.host.driver == "vfio-pci"]
+    """VFIO devices need the IOMMU; a GPU for VMs (``--gpu-passthrough``) also needs vfio-pci
+    loaded, a group, and a group whose other functions the host does not use (a VM gets the
+    whole group: prepare refuses the GPU otherwise, naming the same functions)."""
+    devices = ctx.inventory().devices
+    vfio = [d for d in devices if d.host.driver == "vfio-pci" or d.type == "vfio"]
     if not vfio:
         return skipped(IOMMU, "no device bound to vfio-pci")
-    groups = ctx.host.listdir("/sys/kernel/iommu_groups")
+    groups = ctx.host.listdir(GROUPS)
     if not groups:
-        return fail(IOMMU, f"{len(vfio)} VFIO device(s) but /sys/kernel/iommu_groups is empty",
+        return fail(IOMMU, f"{len(vfio)} VFIO device(s) but {GROUPS} is empty",
                     "boot with intel_iommu=on iommu=pt (AMD: amd_iommu=on) and enable VT-d / "
                     "AMD-Vi in the firmware")
-    return ok(IOMMU, f"{len(groups)} IOMMU group(s) for {len(vfio)} VFIO device(s)")
+    gpus = [d for d in vfio if d.type == "vfio"]
+    if gpus and not ctx.host.is_dir("/sys/bus/pci/drivers/vfio-pci"):
+        return fail(IOMMU, f"{len(gpus)} GPU(s) offered for VMs but vfio-pci is not loaded",
+                    "modprobe vfio-pci (persist: vfio-pci in /etc/modules-load.d)")
+    lonely = [d.name for d in gpus if not d.host.iommu_group]
+    if lonely:
+        return fail(IOMMU, f"{', '.join(lonely[:4])}: no IOMMU group (the IOMMU is off for "
+                    "them)", "boot with intel_iommu=on (AMD: amd_iommu=on), VT-d / AMD-Vi on")
+    blocked = [f"{d.name}: group {d.host.iommu_group} also holds {', '.join(used)}"
+               for d in gpus if (used := _host_members(ctx.host, d.host.iommu_group or "",
+                                                       d.host.pci_address or ""))]
+    if blocked:
+        return warn(IOMMU, "; ".join(blocked[:4]) + " (a VM gets the whole group: passthrough "
+                    "of these GPUs is refused)", "bind them to vfio-pci: driverctl "
+                    "set-override ADDRESS vfio-pci")
+    return ok(IOMMU, f"{len(groups)} IOMMU group(s) for {len(vfio)} VFIO device(s)" + (
+        f"; {len(gpus)} GPU(s) for VMs, each in a group a VM can have" if gpus else ""))
+
+
+GROUPS = "/sys/kernel/iommu_groups"
+#: Drivers a group member may have and leave the group to a VM (discovery.passthrough).
+_VM_SAFE = ("vfio-pci", "pci-stub", "pcieport")
+
+
+def _host_members(host: HostRoot, group: str, own: str) -> list[str]:
+    """``ADDRESS on DRIVER`` for each other function of ``group`` the host uses."""
+    used = []
+    for bdf in host.listdir(f"{GROUPS}/{group}/devices"):
+        if bdf == own or _attr(host, bdf, "class").startswith("0x0604"):
+            continue  # the GPU itself; a bridge, which a VM's group may hold
+        link = f"{PCI}/{bdf}/driver"
+        driver = host.path(link).name if host.exists(link) else None
+        if driver is not None and driver not in _VM_SAFE:
+            used.append(f"{bdf} on {driver}")
+    return used
 
 
 def check_rdma_netns(ctx: Context) -> Check:

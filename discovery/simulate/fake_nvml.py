@@ -209,10 +209,19 @@ def nvml_bus_id(bdf: str) -> str:
     return f"{int(domain, 16):08X}:{bus.upper()}:{rest.upper()}"
 
 
+def _driver(device: Path) -> str | None:
+    try:
+        return os.path.basename(os.readlink(device / "driver"))
+    except OSError:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class _Handle:
     gpu: FakeGpu
     mig: FakeMig | None = None
+    #: The GPU's NVML index when it differs from ``gpu.index`` (GPUs before it left NVML).
+    position: int | None = None
 
 
 @dataclass
@@ -226,8 +235,11 @@ class FakeNvml:
 
     def __init__(self, gpus: list[FakeGpu], driver: str = "550.54.15", cuda: int = 12040,
                  init_error: GpuLibraryError | None = None,
-                 state_path: Path | None = None) -> None:
+                 state_path: Path | None = None, *, sysfs_root: Path | None = None) -> None:
         self.gpus = gpus
+        #: The simulated sysfs tree: NVML lists only the GPUs bound to ``nvidia`` there (one
+        #: bound to vfio-pci for a VM is gone from it, as from the real NVML). None: all.
+        self.sysfs_root = sysfs_root
         self.driver = driver
         self.cuda = cuda
         self.init_error = init_error
@@ -366,13 +378,28 @@ class FakeNvml:
         self._check("cuda_driver_version")
         return self.cuda
 
+    def _listed(self) -> list[FakeGpu]:
+        """The GPUs NVML enumerates, in index order: those on the nvidia driver."""
+        if self.sysfs_root is None:
+            return self.gpus
+        devices = self.sysfs_root / "bus" / "pci" / "devices"
+        return sorted((g for g in self.gpus if _driver(devices / g.bdf) == "nvidia"),
+                      key=lambda g: g.index)
+
     def device_count(self) -> int:
         self._check("device_count")
-        return len(self.gpus)
+        return len(self._listed())
 
     def device_handle_by_index(self, index: int) -> DeviceHandle:
         self._check("device_handle_by_index")
-        for gpu in self.gpus:
+        listed = self._listed()
+        if self.sysfs_root is not None:  # NVML's indexes: positions among the GPUs it has
+            if 0 <= index < len(listed):
+                handle = _Handle(listed[index], position=index)
+                self._check("device_handle_by_index", handle)
+                return handle
+            listed = []
+        for gpu in listed:
             if gpu.index == index:
                 self._check("device_handle_by_index", _Handle(gpu))
                 return _Handle(gpu)
@@ -389,7 +416,8 @@ class FakeNvml:
         return self._h("device_minor_number", handle).gpu.minor
 
     def device_index(self, handle: DeviceHandle) -> int:
-        return self._h("device_index", handle).gpu.index
+        h = self._h("device_index", handle)
+        return h.position if h.position is not None else h.gpu.index
 
     def device_brand(self, handle: DeviceHandle) -> int:
         return self._h("device_brand", handle).gpu.brand

@@ -1,10 +1,13 @@
 """Simulated nodes: ``dgx-h100``, ``dgx-h100-mig``, ``dgx-a100-mig``, ``dgx-a100-mig-room``,
-``sriov-nic``, ``sriov-novfs``, ``amd-mi300x``, ``empty``, and the NVLink machines
-``pcie-nvlink-pairs``, ``hgx-h100-nvswitch``, ``gb200-nvl72``.
+``sriov-nic``, ``sriov-novfs``, ``amd-mi300x``, ``passthrough-nvidia``, ``passthrough-amd``,
+``passthrough-intel``, ``empty``, and the NVLink machines ``pcie-nvlink-pairs``,
+``hgx-h100-nvswitch``, ``gb200-nvl72``.
 
 ``dgx-h100-mig`` and ``dgx-a100-mig-room`` have MIG-mode GPUs with room to partition (empty,
 or partly taken by instances someone else made) for ``--mig dynamic``; ``sriov-novfs`` is
-``sriov-nic`` before any VF was created, for ``--vfs dynamic``.
+``sriov-nic`` before any VF was created, for ``--vfs dynamic``; the ``passthrough-*`` nodes
+have a GPU per IOMMU group (and the cases where they share one) for ``--gpu-passthrough``
+(``vfio_gpus``).
 
 Each profile writes a sysfs tree, a procfs subset (routes, NVIDIA driver version) and /dev
 stand-ins under a work directory, and pairs them with a FakeNvml. Bus numbers, NUMA nodes,
@@ -29,9 +32,11 @@ from discovery.simulate.dgx import a100_room, dgx_a100, dgx_h100, h100_room
 from discovery.simulate.fake_nvml import FakeNvml
 from discovery.simulate.nvlink_nodes import gb200_nvl72, pcie_nvlink_pairs
 from discovery.simulate.parts import Node, common_virtual
+from discovery.simulate.pcibind import SimulatedPciDrivers
 from discovery.simulate.sriov import SimulatedSriov
 from discovery.simulate.sriov_nic import sriov
 from discovery.simulate.tree import SysfsBuilder, touch_nodes
+from discovery.simulate.vfio_gpus import passthrough_amd, passthrough_intel, passthrough_nvidia
 from discovery.sources import ProcRoutes, Sources
 
 MARKER = ".dra-agent-simulated"
@@ -56,6 +61,9 @@ PROFILES: dict[str, Callable[[Node], None]] = {
     "pcie-nvlink-pairs": pcie_nvlink_pairs,
     "hgx-h100-nvswitch": partial(dgx_h100, fabric_manager=True),
     "gb200-nvl72": gb200_nvl72,
+    "passthrough-nvidia": passthrough_nvidia,
+    "passthrough-amd": passthrough_amd,
+    "passthrough-intel": passthrough_intel,
     "empty": _empty,
 }
 
@@ -123,10 +131,12 @@ def simulated_sources(profile: str, workdir: Path, mig_state: Path | None = None
     touch_nodes(dev, node.dev_nodes)
     return Sources(
         sysfs_root=workdir / "sys",
-        gpu=FakeNvml(node.gpus, driver=node.driver, state_path=mig_state),
+        gpu=FakeNvml(node.gpus, driver=node.driver, state_path=mig_state,
+                     sysfs_root=workdir / "sys"),
         dev_root=dev,
         routes=ProcRoutes(workdir / "proc"),
         proc_root=workdir / "proc",
         label=f"simulated {profile}",
         sriov=SimulatedSriov(workdir / "sys"),
+        pci_drivers=SimulatedPciDrivers(workdir / "sys"),
     )

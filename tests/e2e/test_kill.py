@@ -50,12 +50,13 @@ ENV = "DRA_AGENT_FAILPOINTS"
 def test_every_failpoint_of_the_agent_is_covered() -> None:
     from agent.common.failpoints import ENV as AGENT_ENV
     from agent.common.failpoints import Point
+    from tests.passthrough.test_kill import PASSTHROUGH_POINTS  # GPUs for VMs, killed there
     from tests.prepare.test_host_undo_kill import HOST_POINTS  # VFs' and time slices'
     from tests.prepare.test_mig_kill import MIG_POINTS  # dynamic MIG's, killed there
 
     assert AGENT_ENV == ENV
     assert {p.value for p in Point} == set(PREPARE_POINTS + UNPREPARE_POINTS + MIG_POINTS
-                                           + HOST_POINTS)
+                                           + HOST_POINTS + PASSTHROUGH_POINTS)
 
 
 def start_with_failpoint(start_agent: StartAgent, kubelet: KubeletStandIn,

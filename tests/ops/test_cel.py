@@ -80,7 +80,7 @@ def _shared(kind: DeviceType, name: str, mode: str) -> dict[str, Any]:
 
 
 def test_one_class_per_device_type_named_after_the_driver(classes: dict[str, str]) -> None:
-    assert set(classes) == {f"{t}.{DEFAULT_DRIVER}" for t in ALL_DEVICE_TYPES} | {
+    assert set(classes) == {f"{t}.{DEFAULT_DRIVER}" for t in (*ALL_DEVICE_TYPES, "vfio")} | {
         f"{t}-shared.{DEFAULT_DRIVER}" for t in ("gpu", "nic")}
 
 

@@ -203,7 +203,7 @@ def test_without_a_namespace_object_by_default(helm: Path, tmp_path: Path) -> No
     kinds = sorted(o["kind"] for o in template(helm, tmp_path))
     assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet",
                             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
-                           + ["DeviceClass"] * 6)
+                           + ["DeviceClass"] * 7)
 
 
 def test_optional_objects_can_be_left_out(helm: Path, tmp_path: Path) -> None:
@@ -230,7 +230,7 @@ def test_driver_name_changes_every_place_together(helm: Path, tmp_path: Path) ->
     variables = {v["name"]: v["expression"] for v in vap["spec"]["variables"]}
     assert variables["driverName"] == f"'{name}'"
     classes = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DeviceClass"}
-    assert sorted(classes) == sorted([f"{t}.{name}" for t in ALL_DEVICE_TYPES]
+    assert sorted(classes) == sorted([f"{t}.{name}" for t in (*ALL_DEVICE_TYPES, "vfio")]
                                      + [f"{t}-shared.{name}" for t in ("gpu", "nic")])
     for t in ALL_DEVICE_TYPES:
         (selector,) = classes[f"{t}.{name}"]["spec"]["selectors"]

@@ -71,9 +71,10 @@ def test_sleep_action_stalls_and_hits_are_counted(node: Node) -> None:
     assert node.prepare(claim)[claim["metadata"]["uid"]].ok
     assert node.unprepare(claim)[claim["metadata"]["uid"]].ok
     # Every point of a plain claim; dynamic MIG's are hit by partitions (test_mig_kill.py),
-    # the VF and time-slice ones by those steps (test_host_undo_kill.py).
+    # the VF and time-slice ones by those steps (test_host_undo_kill.py), GPU passthrough's
+    # by a GPU's VFIO form (tests/passthrough/test_kill.py).
     assert fp.hits == {p: 1 for p in Point
-                       if not p.value.startswith(("mig-", "vf-", "time-slice-"))}
+                       if not p.value.startswith(("mig-", "vf-", "time-slice-", "gpu-vfio-"))}
 
 
 def spec_of(node: Node, uid: str) -> Path:
