@@ -50,6 +50,7 @@ from agent.prepare.effects.migcontrol import MigPartitions
 from agent.prepare.effects.miginstance import owned_instances
 from agent.prepare.effects.mps import MpsEffect
 from agent.prepare.effects.netdev import NetdevEffect
+from agent.prepare.effects.passthrough import PassthroughEffect
 from agent.prepare.effects.timeslice import TimeSliceEffect
 from agent.prepare.effects.vfs import VfEffect
 from agent.prepare.errors import AdminAccessError
@@ -62,9 +63,12 @@ from discovery.model import Device, DeviceType, HostInfo, Inventory
 from discovery.scan import DiscoveryOptions, discover
 from discovery.sharing import parse_sharing_list
 from discovery.simulate import FakeNvml, simulated_sources
+from discovery.simulate.pcibind import SimulatedPciDrivers
 from discovery.simulate.sriov import SimulatedSriov
 from discovery.sources import ProcRoutes, Sources
 from tests.netdev.fakehost import RecordingNetdevHost
+from tests.passthrough.node import driver_of, make_node, vm_claim
+from tests.passthrough.node import preparer as passthrough_preparer
 from tests.plugnode import DRIVER, NODE, device_preparer, gpu, make_claim
 
 REPO = Path(__file__).resolve().parents[2]
@@ -434,7 +438,31 @@ NETDEV = Case(
     intent_durable=True, workload=netdev_workload,
 )
 
-CASES = {c.effect.__name__: c for c in (MIG, VF, TIME_SLICE, MPS, METADATA, NETDEV)}
+# -- GPU passthrough: an MI210 of passthrough-amd bound to vfio-pci (tests/passthrough) --------
+
+PASSTHROUGH_GPU = "0000:23:00.0"
+
+
+def passthrough_setup(root: Path) -> None:
+    make_node(root, "amd")  # a boot, too: every GPU on its driver
+
+
+def passthrough_build(root: Path, *, boot_id: str = "boot-1",
+                      failpoints: Failpoints | None = None) -> DevicePreparer:
+    return passthrough_preparer(root, failpoints, boot_id=boot_id)
+
+
+PASSTHROUGH = Case(
+    effect=PassthroughEffect, setup=passthrough_setup, build=passthrough_build,
+    claim=lambda: vm_claim("gpu-vfio-0000-23-00-0"),
+    probe=lambda root, preparer: driver_of(root, PASSTHROUGH_GPU), applied="vfio-pci",
+    reboot=passthrough_setup,  # the GPU is amdgpu's again
+    kill_at=Point.GPU_VFIO_AFTER_BOUND,  # bound, not read back, no spec
+    intent_durable=True,
+)
+
+CASES = {c.effect.__name__: c for c in (MIG, VF, TIME_SLICE, MPS, METADATA, NETDEV,
+                                        PASSTHROUGH)}
 every_case = pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
 
 
@@ -445,7 +473,8 @@ def test_every_effect_the_wiring_builds_has_a_case(tmp_path: Path) -> None:
         mig=MigPartitions(FakeNvml([])), sriov=SimulatedSriov(tmp_path),
         rescan=lambda: Inventory(devices=()), failpoints=None,
         netdev=NetdevEffect(tmp_path, lambda: None, RecordingNetdevHost(tmp_path / "r.json"),
-                            lambda: Inventory(devices=())))
+                            lambda: Inventory(devices=())),
+        pci_drivers=SimulatedPciDrivers(tmp_path))
     assert sorted(type(e).__name__ for e in built) == sorted(CASES)
 
 

@@ -35,6 +35,7 @@ from agent.common.failpoints import Failpoints, Point, hit
 from agent.prepare.devices import SpecDevice, identified
 from agent.prepare.effects.base import BaseEffect, Release, Step, refused
 from agent.prepare.effects.vfs import PCI_ADDRESS
+from agent.prepare.errors import admin_refusal
 from discovery.model import Device, DeviceType, Inventory
 from discovery.passthrough import VFIO_DRIVER, PciDriverError, PciDrivers
 from discovery.vfs import DRIVER_NAME
@@ -70,6 +71,16 @@ class PassthroughEffect(BaseEffect):
 
     def touches(self, record: ClaimRecord) -> bool:
         return any(RESTORE in d.extra for d in record.devices)
+
+    def plan(self, step: Step) -> None:
+        """A VFIO form allocated with admin access is refused: it would be bound to vfio-pci
+        and, at unprepare, given back its driver, under the VM that holds it."""
+        for item in step.devices:
+            if item.admin_access and item.device.type == DeviceType.VFIO:
+                raise admin_refusal(str(step.ref), item.device.name, item.request,
+                                    "a VM's GPU is bound to vfio-pci at prepare and given "
+                                    "back its driver at unprepare, and admin access rebinds "
+                                    "nothing; monitor the GPU's container form instead")
 
     # -- check: the group, and both forms of one GPU ---------------------------------------
 
@@ -170,6 +181,10 @@ class PassthroughEffect(BaseEffect):
         restored = False
         for held in how.record.devices:
             if RESTORE not in held.extra:
+                continue
+            if held.admin_access:  # prepare binds nothing for it: written by hand
+                refused(how.claim, held.device, RESTORE, "the device is held with admin "
+                        "access, which rebinds nothing")
                 continue
             bdf, before = self._restorable(how.claim, held, published)
             if bdf is None or before is None:
