@@ -126,6 +126,19 @@ def test_vfs_dynamic_cannot_write_the_rest_of_sys(helm: Path, tmp_path: Path) ->
         assert not _writable(container, path), (path, _mount_of(container, path))
 
 
+def test_gpu_passthrough_gets_the_rebinds_it_makes_and_no_more(helm: Path,
+                                                                tmp_path: Path) -> None:
+    """--gpu-passthrough writes driver_override, unbind and drivers_probe, as a VF's rebind."""
+    objects = template(helm, tmp_path, {"gpuPassthrough": True})
+    container = _container(objects)
+    assert "--gpu-passthrough" in container["args"]
+    for path in sorted(p for p in _sriov_writes(tmp_path) if not p.endswith("sriov_numvfs")):
+        assert _writable(container, path), (path, _mount_of(container, path))
+    for path in STAYS_READ_ONLY:
+        assert not _writable(container, path), (path, _mount_of(container, path))
+    assert _sys_mounts(objects) == _sys_mounts(template(helm, tmp_path, {"vfs": "dynamic"}))
+
+
 def test_vfs_dynamic_mounts_sysfs_at_its_host_paths(helm: Path, tmp_path: Path) -> None:
     mounts = _sys_mounts(template(helm, tmp_path, {"vfs": "dynamic"}))
     assert mounts == {"/sys": ("/sys", False), "/sys/bus/pci": ("/sys/bus/pci", True),
