@@ -16,7 +16,7 @@ from hack.benches import Figure
 
 AREAS = (
     "discovery", "partitions", "cdi", "plugin", "sharing", "flood", "slices", "startup",
-    "explain", "instructions", "health", "ops", "e2e", "realkubelet", "vs-upstream",
+    "explain", "instructions", "syscalls", "health", "ops", "e2e", "realkubelet", "vs-upstream",
 )
 
 
