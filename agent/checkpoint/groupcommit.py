@@ -22,7 +22,7 @@ from typing import Any
 class Request:
     """One caller's change (None: a read), its outcome once ``done``."""
 
-    __slots__ = ("change", "durable", "result", "error", "done", "_wake")
+    __slots__ = ("_wake", "change", "done", "durable", "error", "result")
 
     def __init__(self, change: Callable[[Any], Any] | None, durable: bool) -> None:
         self.change = change
@@ -50,6 +50,11 @@ class GroupCommit:
         self._mutex = threading.Lock()
         self._queue: list[Request] = []
         self._leading = False
+
+    def waiting(self) -> int:
+        """How many requests wait for the batch in progress to end (0 when none is)."""
+        with self._mutex:
+            return len(self._queue)
 
     def run(self, request: Request) -> Any:
         """Commit ``request`` (in a batch with whatever else is queued) and return its

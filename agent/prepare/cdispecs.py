@@ -187,8 +187,10 @@ class CDIClaimSpecs:
         file there across a power loss, so none is made. Asked of the kernel once the
         directory exists; a bind mount over it while the agent runs is not followed."""
         if self._volatile is None:
-            if not self.cdi_dir.is_dir():
-                return False  # write_spec creates it; asked at the next write
+            try:
+                self.cdi_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+            except OSError:
+                return False  # write_spec says why, in its own error; asked again next time
             self._volatile = self._volatile_fs(self.cdi_dir)
         return self._volatile
 
