@@ -62,7 +62,10 @@ def render_spec(spec: Spec, file_name: str) -> bytes:
 
         text: str = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
         return text.encode()
-    return (json.dumps(data, indent=2) + "\n").encode()
+    # Compact, as the CDI library writes its own (json.Marshal): ``indent`` makes the json
+    # module fall back to its pure-Python encoder (measured: 5% of the instructions of a
+    # prepare and its unprepare).
+    return (json.dumps(data, separators=(",", ":")) + "\n").encode()
 
 
 def write_spec(

@@ -32,11 +32,6 @@ class Request:
         self.done = False
         self._wake: Any = None  # a held lock while the caller waits, None when it leads
 
-    def outcome(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.result
-
 
 class GroupCommit:
     """Runs ``commit(batch)`` for batches of requests, one batch at a time.
@@ -60,23 +55,27 @@ class GroupCommit:
         """Commit ``request`` (in a batch with whatever else is queued) and return its
         outcome."""
         with self._mutex:
-            self._queue.append(request)
             if self._leading:
+                self._queue.append(request)
                 wake = request._wake = threading.Lock()
                 wake.acquire()
             else:
                 self._leading, wake = True, None
-        if wake is not None:
+        if wake is None:
+            batch = [request]  # nobody was writing: this one alone, at once
+        else:
             wake.acquire()  # released once done, or when the leader hands over to this one
             if request.done:
-                return request.outcome()
-        with self._mutex:
-            batch, self._queue = self._queue, []
+                if request.error is not None:
+                    raise request.error
+                return request.result
+            with self._mutex:
+                batch, self._queue = self._queue, []
         try:
             self._commit(batch)
         except BaseException as err:
             for item in batch:
-                if item.error is None and not item.done:
+                if item.error is None:
                     item.error = err
         finally:
             with self._mutex:
@@ -89,4 +88,6 @@ class GroupCommit:
             for item in batch:
                 if item._wake is not None and item is not request:
                     item._wake.release()
-        return request.outcome()
+        if request.error is not None:
+            raise request.error
+        return request.result

@@ -42,7 +42,7 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -148,64 +148,61 @@ class CheckpointStore:
         return result
 
     def _commit(self, batch: list[Request]) -> None:
-        """Apply a batch of changes in order and write them once if one of them is durable.
+        """Apply a batch of changes in order and write them once if one of them is durable,
+        under this process's lock, then the file lock another agent instance may hold too.
 
         A change that raises, or that would not encode, fails alone; a failed write fails
         every change of the batch, and leaves the cache as it was before it.
         """
-        with self._locked():
-            data = self._read_locked()
-            current = data.claims
-            changed, durable, applied = False, False, []
-            # A lone change is proven to encode by the write itself (or, when it is not
-            # durable, here); in a batch each one is, so that one bad string fails alone.
-            check = len(batch) > 1
-            for request in batch:
-                if request.change is None:  # a read: what the changes before it made
-                    request.result = dict(current)
-                    continue
-                claims = dict(current)
-                try:
-                    request.result = request.change(claims)
-                    if claims != current:
-                        if check or not request.durable:
-                            self._check_encodes(claims, current)
-                        current, changed = claims, True
-                except Exception as err:  # that caller's to handle; the others go on
-                    request.result, request.error = None, err
-                    continue
-                durable = durable or request.durable
-                applied.append(request)
-            # A durable change that changes nothing still writes what only the cache has.
-            if not (changed or (durable and self._unwritten)):
-                return
-            if not durable:
-                self._cache, self._unwritten = data.with_claims(current), True
-                return
-            try:
-                self._write_locked(data.with_claims(current))
-            except CheckpointWriteError as err:
-                for request in applied:
-                    request.result, request.error = None, err
-
-    # -- internals ------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """This process's lock, then the file lock another agent instance may hold too.
-
-        The lock file stays open between calls (opening it each time was a measurable part
-        of a prepare); it is reopened when the path no longer names the open file.
-        """
-        with self._lock:
+        with self._lock:  # only a leader takes it; close() too
             fd = self._lock_file()
             lock(fd)
             try:
-                yield
+                self._apply(batch)
             finally:
                 unlock(fd)
 
+    def _apply(self, batch: list[Request]) -> None:
+        """``_commit`` under both locks: each request's result or error set."""
+        data = self._read_locked()
+        current = data.claims
+        changed, durable, applied = False, False, []
+        # A lone change is proven to encode by the write itself (or, when it is not
+        # durable, here); in a batch each one is, so that one bad string fails alone.
+        check = len(batch) > 1
+        for request in batch:
+            if request.change is None:  # a read: what the changes before it made
+                request.result = dict(current)
+                continue
+            claims = dict(current)
+            try:
+                request.result = request.change(claims)
+                if claims != current:
+                    if check or not request.durable:
+                        self._check_encodes(claims, current)
+                    current, changed = claims, True
+            except Exception as err:  # that caller's to handle; the others go on
+                request.result, request.error = None, err
+                continue
+            durable = durable or request.durable
+            applied.append(request)
+        # A durable change that changes nothing still writes what only the cache has.
+        if not (changed or (durable and self._unwritten)):
+            return
+        if not durable:
+            self._cache, self._unwritten = data.with_claims(current), True
+            return
+        try:
+            self._write_locked(data.with_claims(current))
+        except CheckpointWriteError as err:
+            for request in applied:
+                request.result, request.error = None, err
+
+    # -- internals ------------------------------------------------------------------------
+
     def _lock_file(self) -> int:
+        """The lock file's descriptor. It stays open between calls (opening it each time was a
+        measurable part of a prepare); it is reopened when the path no longer names it."""
         fd = self._lock_fd
         if fd is not None:
             try:

@@ -17,8 +17,9 @@ Start-up recovery, which builds on the same steps, is ``agent.prepare.recovery``
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from agent.checkpoint.model import ClaimRecord, ClaimState, holders
 from agent.checkpoint.store import CheckpointStore, CheckpointWriteError
@@ -38,11 +39,30 @@ from agent.prepare.shares import check_shares
 from discovery.model import Inventory
 
 log = logging.getLogger(__name__)
+Claims = dict[str, ClaimRecord]
+T = TypeVar("T")
 
 
 def put_record(record: ClaimRecord) -> Callable[[dict[str, ClaimRecord]], None]:
     """A checkpoint change that stores ``record`` (bound now, not when the loop moves on)."""
     return lambda claims: claims.__setitem__(record.uid, record)
+
+
+def put_and_read(record: ClaimRecord) -> Callable[[Claims], Claims]:
+    """``put_record``, and every record after it (a copy: the gauges' input, without a second
+    trip through the checkpoint's locks)."""
+    def change(claims: Claims) -> Claims:
+        claims[record.uid] = record
+        return dict(claims)
+    return change
+
+
+def pop_and_read(uid: str) -> Callable[[Claims], Claims]:
+    """Drop ``uid``'s record; every record left (a copy, as ``put_and_read``)."""
+    def change(claims: Claims) -> Claims:
+        claims.pop(uid, None)
+        return dict(claims)
+    return change
 
 
 class DevicePreparer:
@@ -118,13 +138,13 @@ class DevicePreparer:
                 self.builder.write_spec(ref, step.devices)
             hit(self.failpoints, Point.PREPARE_AFTER_SPEC_WRITTEN, ref.uid)
             done = step.record.with_state(ClaimState.PREPARE_COMPLETED, now())
-            self.store(ref, put_record(done))
+            claims = self.store(ref, put_and_read(done))
             hit(self.failpoints, Point.PREPARE_AFTER_COMPLETED, ref.uid)
         except BaseException:
             if self._host_released(ref):
                 self._rollback(ref.uid)
             raise
-        self.update_gauges()
+        self.update_gauges(claims)
         return done
 
     def _host_released(self, ref: ClaimRef) -> bool:
@@ -190,8 +210,7 @@ class DevicePreparer:
             fresh = self.builder.rewrite(claim, existing, results, self.inventory().by_name())
         fresh = replace(fresh, boot_id=self.builder.boot_id, updated=now(),
                         allocation=allocation_json(claim, self.driver))
-        self.store(ref, put_record(fresh))
-        self.update_gauges()
+        self.update_gauges(self.store(ref, put_and_read(fresh)))
         log.info(
             "rewrote CDI spec of a prepared claim",
             extra={"claim": ref.uid, "reason": "missing" if spec_missing else "reboot",
@@ -240,14 +259,12 @@ class DevicePreparer:
                     f"{owner}; it is released when the pods using that claim are gone",
                 )
 
-    def store(
-        self,
-        ref: ClaimRef,
-        change: Callable[[dict[str, ClaimRecord]], None],
-        durable: bool = True,
-    ) -> None:
+    def store(self, ref: ClaimRef, change: Callable[[Claims], T], durable: bool = True) -> T:
+        """One change of the checkpoint; ``durable``: fsynced (the PrepareCompleted record,
+        each effect's record before the host change it names), else kept in the cache until
+        the next durable one (docs/durability.md)."""
         try:
-            self.checkpoint.update(change, durable=durable)
+            return self.checkpoint.update(change, durable=durable)
         except CheckpointWriteError as err:
             raise CheckpointUnavailableError(str(ref), str(err)) from err
 
@@ -280,12 +297,13 @@ class DevicePreparer:
         for effect in self._release_order:
             effect.release(how)
         hit(self.failpoints, Point.UNPREPARE_AFTER_SPEC_REMOVED, uid)
-        self.checkpoint.update(lambda claims: claims.pop(uid, None))
+        claims = self.checkpoint.update(pop_and_read(uid))
         if trusted is not None:
             for effect in self.effects:
                 effect.released(trusted, self.checkpoint.claims)
         hit(self.failpoints, Point.UNPREPARE_AFTER_COMPLETED, uid)
-        self.update_gauges()
+        self.update_gauges(claims)
 
-    def update_gauges(self) -> None:
-        update_gauges(self.metrics, self.checkpoint.claims())
+    def update_gauges(self, claims: Mapping[str, ClaimRecord] | None = None) -> None:
+        """The gauges from ``claims``, the records as a change just left them (None: read)."""
+        update_gauges(self.metrics, self.checkpoint.claims() if claims is None else claims)
