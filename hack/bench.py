@@ -16,7 +16,8 @@ from hack.benches import Figure
 
 AREAS = (
     "discovery", "partitions", "cdi", "plugin", "sharing", "flood", "slices", "startup",
-    "explain", "instructions", "syscalls", "health", "ops", "e2e", "realkubelet", "vs-upstream",
+    "explain", "instructions", "syscalls", "grpcpath", "health", "ops", "e2e", "realkubelet",
+    "vs-upstream",
 )
 
 
