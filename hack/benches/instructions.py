@@ -13,8 +13,8 @@ to compare is the figure of the previous run on the same commit range.
 
 Cases:
 * prepare + unprepare of a 1-GPU claim through the plugin's framework, in-process: claim
-  parsing, the checkpoint's two durable writes and the CDI spec, device metadata files on
-  (the daemon's default); claims from memory (no API server, no gRPC);
+  parsing, the checkpoint's writes (one fsync per call) and the CDI spec, device metadata
+  files on (the daemon's default); claims from memory (no API server, no gRPC);
 * the slices of 2,048 devices (16 slices) rendered as the controller renders them for a
   create, and planned against the same slices as stored (the steady-state compare: no write);
 * explain of the 4-request claim with constraints of the explain bench on a small node
