@@ -1,11 +1,12 @@
 """Kubelet plugin benchmark: prepare/unprepare latency through real gRPC, beside the floor.
 
 The floor is measured in the same run on the same disk: one GET of the claim from the fake API
-server (through the same kubernetes client) plus the two file writes a prepare makes, with its
-one fsync (the CDI spec, atomic; the checkpoint, fsynced: docs/durability.md). Prepare does that
-plus the gRPC round trip, the validation and the in-memory PrepareStarted reservation, so its
-goal is p50 <= 1.5x floor and p99 <= 10 ms. Floor, prepare and unprepare are measured in turn, round by round, so disk noise from neighbours hits all alike;
-the floor's own p99 is printed to show how much of a prepare's p99 is the disk's.
+server (through the same kubernetes client) plus the two file writes a prepare makes, with its one
+fsync (the CDI spec, atomic; the checkpoint, fsynced: docs/durability.md). Prepare does that plus
+the gRPC round trip, the validation and the in-memory PrepareStarted reservation, so its goal is
+p50 <= 1.5x floor and p99 <= 10 ms. Floor, prepare and unprepare are measured in turn, round by
+round, so disk noise from neighbours hits all alike; the floor's own p99 is printed to show how
+much of a prepare's p99 is the disk's.
 
 A 1-NIC claim is measured beside them: its prepare also writes the claim's ``status.devices``
 (one server-side apply on ``/status``), so it pays one more API round trip than the floor has.
