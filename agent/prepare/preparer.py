@@ -17,7 +17,7 @@ Start-up recovery, which builds on the same steps, is ``agent.prepare.recovery``
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -33,7 +33,7 @@ from agent.prepare.claimspec import ClaimBuilder, now
 from agent.prepare.devices import NETDEV_TYPES, nic_status
 from agent.prepare.effects.base import Release, left_alone, reversed_effects
 from agent.prepare.errors import CheckpointUnavailableError, DeviceTakenError
-from agent.prepare.gauges import update_gauges
+from agent.prepare.gauges import OrderedGauges, Snapshot
 from agent.prepare.recovery import RecoveryReport, recover
 from agent.prepare.shares import check_shares
 from discovery.model import Inventory
@@ -48,20 +48,20 @@ def put_record(record: ClaimRecord) -> Callable[[dict[str, ClaimRecord]], None]:
     return lambda claims: claims.__setitem__(record.uid, record)
 
 
-def put_and_read(record: ClaimRecord) -> Callable[[Claims], Claims]:
-    """``put_record``, and every record after it (a copy: the gauges' input, without a second
-    trip through the checkpoint's locks)."""
-    def change(claims: Claims) -> Claims:
+def put_and_read(record: ClaimRecord, gauges: OrderedGauges) -> Callable[[Claims], Snapshot]:
+    """``put_record``, and a snapshot of every record after it: the gauges' input, without a
+    second trip through the checkpoint's locks."""
+    def change(claims: Claims) -> Snapshot:
         claims[record.uid] = record
-        return dict(claims)
+        return gauges.take(claims)
     return change
 
 
-def pop_and_read(uid: str) -> Callable[[Claims], Claims]:
-    """Drop ``uid``'s record; every record left (a copy, as ``put_and_read``)."""
-    def change(claims: Claims) -> Claims:
+def pop_and_read(uid: str, gauges: OrderedGauges) -> Callable[[Claims], Snapshot]:
+    """Drop ``uid``'s record; a snapshot of every record left (as ``put_and_read``)."""
+    def change(claims: Claims) -> Snapshot:
         claims.pop(uid, None)
-        return dict(claims)
+        return gauges.take(claims)
     return change
 
 
@@ -86,6 +86,7 @@ class DevicePreparer:
         self.checkpoint = checkpoint
         self.inventory = inventory
         self.metrics = metrics or Metrics()
+        self._gauges = OrderedGauges(self.metrics)
         #: Crash-test hooks (``agent.common.failpoints``); None in normal operation.
         self.failpoints = failpoints
 
@@ -138,13 +139,13 @@ class DevicePreparer:
                 self.builder.write_spec(ref, step.devices)
             hit(self.failpoints, Point.PREPARE_AFTER_SPEC_WRITTEN, ref.uid)
             done = step.record.with_state(ClaimState.PREPARE_COMPLETED, now())
-            claims = self.store(ref, put_and_read(done))
+            snapshot = self.store(ref, put_and_read(done, self._gauges))
             hit(self.failpoints, Point.PREPARE_AFTER_COMPLETED, ref.uid)
         except BaseException:
             if self._host_released(ref):
                 self._rollback(ref.uid)
             raise
-        self.update_gauges(claims)
+        self._gauges.show(snapshot)
         return done
 
     def _host_released(self, ref: ClaimRef) -> bool:
@@ -210,7 +211,7 @@ class DevicePreparer:
             fresh = self.builder.rewrite(claim, existing, results, self.inventory().by_name())
         fresh = replace(fresh, boot_id=self.builder.boot_id, updated=now(),
                         allocation=allocation_json(claim, self.driver))
-        self.update_gauges(self.store(ref, put_and_read(fresh)))
+        self._gauges.show(self.store(ref, put_and_read(fresh, self._gauges)))
         log.info(
             "rewrote CDI spec of a prepared claim",
             extra={"claim": ref.uid, "reason": "missing" if spec_missing else "reboot",
@@ -297,13 +298,13 @@ class DevicePreparer:
         for effect in self._release_order:
             effect.release(how)
         hit(self.failpoints, Point.UNPREPARE_AFTER_SPEC_REMOVED, uid)
-        claims = self.checkpoint.update(pop_and_read(uid))
+        snapshot = self.checkpoint.update(pop_and_read(uid, self._gauges))
         if trusted is not None:
             for effect in self.effects:
                 effect.released(trusted, self.checkpoint.claims)
         hit(self.failpoints, Point.UNPREPARE_AFTER_COMPLETED, uid)
-        self.update_gauges(claims)
+        self._gauges.show(snapshot)
 
-    def update_gauges(self, claims: Mapping[str, ClaimRecord] | None = None) -> None:
-        """The gauges from ``claims``, the records as a change just left them (None: read)."""
-        update_gauges(self.metrics, self.checkpoint.claims() if claims is None else claims)
+    def update_gauges(self) -> None:
+        """The gauges from the records as they are now."""
+        self._gauges.show(self.checkpoint.update(self._gauges.take, durable=False))

@@ -65,3 +65,24 @@ def test_fsyncs_per_prepare_and_per_unprepare(
         assert ops.fsyncs - before == unprepare
         assert not Path(record.spec_path).exists()
         assert uid not in CheckpointStore(p.checkpoint.path).claims()
+
+
+def test_the_gauges_keep_the_newest_snapshot_whatever_order_calls_end_in() -> None:
+    from dataclasses import replace as with_
+
+    from agent.checkpoint.model import ClaimRecord, ClaimState, PreparedDevice
+    from agent.common.metrics import Metrics
+    from agent.prepare.gauges import OrderedGauges
+
+    metrics = Metrics()
+    gauges = OrderedGauges(metrics)
+    rec = ClaimRecord(uid="u1", namespace="default", name="c",
+                      state=ClaimState.PREPARE_COMPLETED,
+                      devices=(PreparedDevice(pool=NODE, device="gpu-0", requests=("req",)),))
+    older = gauges.take({"u1": rec})  # the prepare's change ran first ...
+    newer = gauges.take({})  # ... then the unprepare's
+    gauges.show(newer)
+    gauges.show(older)  # the prepare's caller sets the gauges last
+    assert metrics.registry.get_sample_value("dra_agent_prepared_claims") == 0
+    gauges.show(gauges.take({"u1": with_(rec, name="d")}))
+    assert metrics.registry.get_sample_value("dra_agent_prepared_claims") == 1
