@@ -1,9 +1,19 @@
 """The project's one atomic file write: temp file, write, fsync, rename, directory fsync.
 
-A reader of the file's name sees the old file or the complete new one, never part of one, and
-with ``durable`` the rename survives a crash (or is not there at all). Three writers need
-that: CDI spec files (runtimes read every ``*.json``/``*.yaml`` in their directory), the
-checkpoint and the device metadata files.
+A reader of the file's name sees the old file or the complete new one, never part of one.
+Three writers need that: CDI spec files (runtimes read every ``*.json``/``*.yaml`` in their
+directory), the checkpoint and the device metadata files. What each fsync adds, and which
+writer asks for which (docs/durability.md):
+
+* none (``durable=False``): the rename is atomic, and the page cache outlives a kill -9 of the
+  writer, so every reader sees the new file until the machine itself goes down;
+* the file's (``durable``): after a power loss the name holds the old file or the complete
+  new one, never an empty or torn one (the upstream checkpointmanager's guarantee);
+* the directory's too (``sync_dir``, by default what ``durable`` says): the rename itself is
+  on disk when the call returns.
+
+On tmpfs or ramfs (``/var/run/cdi`` on most nodes) no fsync adds anything: a power loss takes
+the files with it. ``volatile_fs`` says whether a directory is on one.
 
 Why it lives in ``cdi/``: cdi stands alone and never imports ``agent``, while the agent
 imports cdi; the lowest layer that writes files this way is where the one writer both can use
@@ -33,6 +43,7 @@ so the hot path has no Python frame between the writer and the kernel.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import secrets
@@ -84,14 +95,15 @@ class AtomicWriteError(OSError):
 
 def write_atomic(
     path: str | os.PathLike[str], data: bytes, *, mode: int = 0o600, exact_mode: bool = True,
-    durable: bool = True, dir_fd: int | None = None, ops: FileOps = OS_FILE_OPS,
+    durable: bool = True, sync_dir: bool | None = None, dir_fd: int | None = None,
+    ops: FileOps = OS_FILE_OPS,
 ) -> None:
     """Replace the file at ``path`` with ``data``, atomically (see the module's docstring).
 
-    ``durable``: fsync the file before the rename and its directory after it (``False``: the
-    caller can do without, and says why). ``dir_fd``: an open descriptor of ``path``'s
-    directory; only ``path``'s last component is used, relative to it. Raises
-    ``AtomicWriteError``; the directory itself must exist.
+    ``durable``: fsync the file before the rename (``False``: the caller can do without, and
+    says why). ``sync_dir``: fsync the directory after it (None: as ``durable``). ``dir_fd``:
+    an open descriptor of ``path``'s directory; only ``path``'s last component is used,
+    relative to it. Raises ``AtomicWriteError``; the directory itself must exist.
     """
     final = os.fspath(path)
     where, sep, name = final.rpartition("/")
@@ -128,7 +140,7 @@ def write_atomic(
         if isinstance(err, OSError):
             raise AtomicWriteError(step, err) from err
         raise
-    if durable:
+    if durable if sync_dir is None else sync_dir:
         try:
             if dir_fd is None:
                 fsync_dir(where or sep or ".", ops)
@@ -145,3 +157,27 @@ def fsync_dir(path: str | os.PathLike[str], ops: FileOps = OS_FILE_OPS) -> None:
         ops.fsync(fd)
     finally:
         os.close(fd)
+
+
+#: ``statfs(2)`` ``f_type`` of the file systems whose files a power loss takes away
+#: (linux/magic.h): TMPFS_MAGIC, RAMFS_MAGIC.
+_VOLATILE_FS_TYPES = frozenset({0x01021994, 0x858458F6})
+
+
+def volatile_fs(path: str | os.PathLike[str]) -> bool:
+    """``path`` is on tmpfs or ramfs, so a power loss takes its files away and no fsync keeps
+    them. False when it cannot tell (no such directory, no ``statfs``): then fsync, as on a
+    disk. Asked of the kernel (``statfs(2)``; Python's ``os.statvfs`` lacks ``f_type``),
+    never assumed from the path."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        statfs = libc.statfs
+    except (OSError, AttributeError):
+        return False
+    # struct statfs starts with f_type (__fsword_t, a C long); 256 bytes hold all of it on
+    # every Linux ABI (120 on x86_64 and arm64).
+    buf = ctypes.create_string_buffer(256)
+    if statfs(os.fsencode(path), buf) != 0:
+        return False
+    f_type = ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF
+    return f_type in _VOLATILE_FS_TYPES

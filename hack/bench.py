@@ -16,7 +16,8 @@ from hack.benches import Figure
 
 AREAS = (
     "discovery", "partitions", "cdi", "plugin", "sharing", "flood", "slices", "startup",
-    "explain", "instructions", "health", "ops", "e2e", "realkubelet", "vs-upstream", "netdev",
+    "explain", "instructions", "syscalls", "grpcpath", "health", "ops", "e2e", "realkubelet",
+    "vs-upstream", "netdev",
 )
 
 

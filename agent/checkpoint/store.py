@@ -16,8 +16,14 @@ device, a file over ``MAX_CHECKPOINT_BYTES``.
 
 Nothing in the plugin directory is followed or predictable: the file is written by
 ``cdi.atomicfile.write_atomic`` (temp file with a random name, ``O_EXCL|O_NOFOLLOW``, fsync,
-rename, directory fsync); the lock is an ``agent.common.filelock`` lock, and a symlink or
-non-regular file at its path is set aside too.
+rename); the lock is an ``agent.common.filelock`` lock, and a symlink or non-regular file at
+its path is set aside too.
+
+One fsync per durable write, the file's before the rename, and none of the directory: the
+upstream checkpointmanager's guarantee (docs/durability.md). A kill -9 loses nothing written;
+after a power loss the file is a complete version, never a torn one, the latest unless the
+file system had not committed the rename yet (ext4: within 5 s). On tmpfs no fsync at all.
+Concurrent changes share one write and its fsync (``agent.checkpoint.groupcommit``).
 
 A change that cannot be encoded (a lone surrogate in a string) fails that change alone: the
 cache is only replaced by a state that is known to encode, so one claim's bad string never
@@ -36,17 +42,18 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 from agent.checkpoint.codec import CheckpointCorruptError, decode, encode, salvage
+from agent.checkpoint.groupcommit import GroupCommit, Request
 from agent.checkpoint.model import CheckpointData, ClaimRecord
 from agent.checkpoint.unreadable import HELD_LINE
 from agent.common.filelock import lock, open_lock, unlock
 from agent.common.metrics import Metrics
 from agent.common.safefile import UnsafeFileError, read_capped
-from cdi.atomicfile import write_atomic
+from cdi.atomicfile import OS_FILE_OPS, AtomicWriteError, FileOps, volatile_fs, write_atomic
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -98,10 +105,18 @@ class CheckpointStore:
         path: Path,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        ops: FileOps = OS_FILE_OPS,
+        volatile: Callable[[Path], bool] = volatile_fs,
     ) -> None:
         self.path = path
         self._metrics = metrics or Metrics()
         self._clock = clock
+        self._ops = ops
+        self._volatile_fs = volatile
+        #: The directory is on tmpfs: no fsync (asked at the first write).
+        self._volatile: bool | None = None
+        self._commits = GroupCommit(self._commit)
         self._lock = threading.Lock()
         self._lock_path = path.with_name(path.name + ".lock")
         self._lock_fd: int | None = None
@@ -116,50 +131,78 @@ class CheckpointStore:
 
     def claims(self) -> Claims:
         """A snapshot of the records (a copy; changing it changes nothing)."""
-        with self._locked():
-            return dict(self._read_locked().claims)
+        result: Claims = self._commits.run(Request(None, False))
+        return result
 
     def update(self, change: Callable[[Claims], T], *, durable: bool = True) -> T:
         """Apply ``change`` to the records and write the result if anything changed.
 
         ``change`` mutates the dict it is given and may return a value, which is passed back.
-        If it raises, nothing is written. With ``durable=False`` the change is only visible to
-        later updates (and written with the next durable one): used for PrepareStarted, whose
-        durable evidence is the claim's CDI spec (see ``DevicePreparer.prepare``).
+        If it raises, nothing of it is written. With ``durable=False`` the change is only
+        visible to later updates (and written with the next durable one): used for
+        PrepareStarted, whose durable evidence is the claim's CDI spec (see
+        ``DevicePreparer.prepare``). Concurrent updates are applied in turn and written
+        together, once (``agent.checkpoint.groupcommit``).
         """
-        with self._locked():
-            data = self._read_locked()
-            claims = dict(data.claims)
-            result = change(claims)
-            if claims != dict(data.claims) or (durable and self._unwritten):
-                # The second case: a durable write of what only the cache has so far.
-                if durable:
-                    self._write_locked(data.with_claims(claims))
-                else:
-                    # Not written yet, but every later write encodes it: prove it encodes now
-                    # (only the changed records; the rest were encoded when they came in).
-                    self._check_encodes(claims, data.claims)
-                    self._cache, self._unwritten = data.with_claims(claims), True
-            return result
+        result: T = self._commits.run(Request(change, durable))
+        return result
 
-    # -- internals ------------------------------------------------------------------------
+    def _commit(self, batch: list[Request]) -> None:
+        """Apply a batch of changes in order and write them once if one of them is durable,
+        under this process's lock, then the file lock another agent instance may hold too.
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """This process's lock, then the file lock another agent instance may hold too.
-
-        The lock file stays open between calls (opening it each time was a measurable part
-        of a prepare); it is reopened when the path no longer names the open file.
+        A change that raises, or that would not encode, fails alone; a failed write fails
+        every change of the batch, and leaves the cache as it was before it.
         """
-        with self._lock:
+        with self._lock:  # only a leader takes it; close() too
             fd = self._lock_file()
             lock(fd)
             try:
-                yield
+                self._apply(batch)
             finally:
                 unlock(fd)
 
+    def _apply(self, batch: list[Request]) -> None:
+        """``_commit`` under both locks: each request's result or error set."""
+        data = self._read_locked()
+        current = data.claims
+        changed, durable, applied = False, False, []
+        # A lone change is proven to encode by the write itself (or, when it is not
+        # durable, here); in a batch each one is, so that one bad string fails alone.
+        check = len(batch) > 1
+        for request in batch:
+            if request.change is None:  # a read: what the changes before it made
+                request.result = dict(current)
+                continue
+            claims = dict(current)
+            try:
+                request.result = request.change(claims)
+                if claims != current:
+                    if check or not request.durable:
+                        self._check_encodes(claims, current)
+                    current, changed = claims, True
+            except Exception as err:  # that caller's to handle; the others go on
+                request.result, request.error = None, err
+                continue
+            durable = durable or request.durable
+            applied.append(request)
+        # A durable change that changes nothing still writes what only the cache has.
+        if not (changed or (durable and self._unwritten)):
+            return
+        if not durable:
+            self._cache, self._unwritten = data.with_claims(current), True
+            return
+        try:
+            self._write_locked(data.with_claims(current))
+        except CheckpointWriteError as err:
+            for request in applied:
+                request.result, request.error = None, err
+
+    # -- internals ------------------------------------------------------------------------
+
     def _lock_file(self) -> int:
+        """The lock file's descriptor. It stays open between calls (opening it each time was a
+        measurable part of a prepare); it is reopened when the path no longer names it."""
         fd = self._lock_fd
         if fd is not None:
             try:
@@ -290,12 +333,22 @@ class CheckpointStore:
                 f"the checkpoint would be {len(raw)} bytes, over the "
                 f"{MAX_CHECKPOINT_BYTES}-byte cap it is read with"))
         start = time.perf_counter()
+        if self._volatile is None:
+            self._volatile = self._volatile_fs(self.path.parent)
         try:
             # 0600 less what the umask takes away: only the agent reads it, so no fchmod (one
-            # call less on every write).
-            write_atomic(self.path, raw, exact_mode=False)
+            # call less on every write). The file's fsync makes the file at the name complete
+            # after a power loss; a directory fsync would make the rename itself durable, at
+            # a second fsync per write, which the upstream checkpointmanager does not pay
+            # either (docs/durability.md says what the kubelet does after a reboot instead).
+            write_atomic(self.path, raw, exact_mode=False, durable=not self._volatile,
+                         sync_dir=False, ops=self._ops)
         except OSError as err:
-            self._cache, self._cache_key, self._unwritten = None, None, False
+            if not (isinstance(err, AtomicWriteError) and err.step != "sync-dir"):
+                # The file may be the new one or anything: read it again next time.
+                self._cache, self._cache_key, self._unwritten = None, None, False
+            # Else the file at the name is the one the cache was read from: the cache,
+            # with what only it holds (a PrepareStarted not written yet), stays right.
             raise CheckpointWriteError(self.path, err) from err
         self._metrics.checkpoint_write_duration.observe(time.perf_counter() - start)
         self._cache, self._cache_key, self._unwritten = data, self._key(), False

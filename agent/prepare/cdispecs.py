@@ -38,6 +38,7 @@ from agent.common.k8snames import dns_label_problem
 from agent.common.safefile import UnsafeFileError, read_capped
 from agent.prepare.devices import SpecDevice
 from cdi.annotations import annotations_for
+from cdi.atomicfile import FileOps, volatile_fs
 from cdi.errors import CDIWriteError
 from cdi.files import claim_spec_file_name, remove_spec, write_spec
 from cdi.spec import CDIDevice, ContainerEdits, Spec
@@ -70,11 +71,17 @@ class ClaimSpecs(Protocol):
 
     def path(self, claim_uid: str) -> Path: ...
 
-    def write(self, claim: ClaimRef, devices: Sequence[SpecDevice], env: Sequence[str]) -> Path:
-        """Write the claim's spec durably; raise OSError-derived errors on failure."""
+    def write(self, claim: ClaimRef, devices: Sequence[SpecDevice], env: Sequence[str], *,
+              durable: bool = True) -> Path:
+        """Write the claim's spec atomically; with ``durable`` a power loss keeps it too
+        (where anything can: not on tmpfs). OSError-derived errors on failure."""
         ...
 
-    def remove(self, claim_uid: str) -> None: ...
+    def remove(self, claim_uid: str) -> None:
+        """Remove the claim's spec, not durably: a removal a power loss undoes leaves a spec
+        that start-up removes (no completed record explains it) or that still goes with its
+        record (whose removal was lost too)."""
+        ...
 
     def claim_devices(self) -> dict[str, list[str]]:
         """Claim UID -> device names, for every claim spec of ours in the CDI directory;
@@ -120,10 +127,15 @@ class CDIClaimSpecs:
 
     def __init__(
         self, cdi_dir: Path, driver: str, edits: DeviceEdits,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time, *,
+        volatile: Callable[[Path], bool] = volatile_fs, ops: FileOps | None = None,
     ) -> None:
         self.cdi_dir = cdi_dir
         self._clock = clock
+        #: Whether the directory is on tmpfs (asked once it exists; None until then).
+        self._volatile_fs = volatile
+        self._volatile: bool | None = None
+        self._ops = ops
         #: Where unreadable specs of ours were moved at start-up, during this process's life.
         self.corrupt_copies: list[Path] = []
         self.vendor = f"k8s.{driver}"
@@ -163,14 +175,28 @@ class CDIClaimSpecs:
                                     hooks=common.hooks, net_devices=common.net_devices)
         return Spec(kind=self.kind, devices=tuple(cdi_devices), container_edits=spec_edits)
 
-    def write(self, claim: ClaimRef, devices: Sequence[SpecDevice], env: Sequence[str]) -> Path:
+    def write(self, claim: ClaimRef, devices: Sequence[SpecDevice], env: Sequence[str], *,
+              durable: bool = True) -> Path:
         spec = self.build(claim, devices, env)
         return write_spec(self.cdi_dir, self.path(claim.uid).name, spec,
-                          max_bytes=MAX_SPEC_BYTES)
+                          max_bytes=MAX_SPEC_BYTES, ops=self._ops,
+                          durable=durable and not self._on_volatile_fs())
+
+    def _on_volatile_fs(self) -> bool:
+        """The CDI directory is on tmpfs (``/var/run/cdi`` on most nodes): no fsync keeps a
+        file there across a power loss, so none is made. Asked of the kernel once the
+        directory exists; a bind mount over it while the agent runs is not followed."""
+        if self._volatile is None:
+            try:
+                self.cdi_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+            except OSError:
+                return False  # write_spec says why, in its own error; asked again next time
+            self._volatile = self._volatile_fs(self.cdi_dir)
+        return self._volatile
 
     def remove(self, claim_uid: str) -> None:
         try:
-            remove_spec(self.cdi_dir, self.path(claim_uid).name)
+            remove_spec(self.cdi_dir, self.path(claim_uid).name, ops=self._ops, durable=False)
         except CDIWriteError as err:
             if isinstance(err.__cause__, NotADirectoryError):
                 return  # no CDI directory, so certainly no spec in it

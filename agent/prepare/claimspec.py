@@ -120,7 +120,10 @@ class ClaimBuilder:
             f"DRA_AGENT_NODE={self.node_name}",
         )
         try:
-            self.specs.write(ref, devices, env)
+            # Not durable while the boot ID is known: after a power loss start-up rebuilds
+            # every completed claim's spec (a new boot ID makes it stale) and removes the
+            # others, before the plugin registers; without one it cannot tell a reboot.
+            self.specs.write(ref, devices, env, durable=not self.boot_id)
         except CDIError as err:  # names the file and the cause already
             raise SpecWriteError(str(ref), str(err)) from err
         except OSError as err:

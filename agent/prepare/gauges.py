@@ -5,6 +5,8 @@ Rebuilt, never incremented: exact after a restart, an unprepare, a recovery.
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections.abc import Mapping
 
 from agent.checkpoint.model import ClaimRecord
@@ -22,3 +24,34 @@ def update_gauges(metrics: Metrics, claims: Mapping[str, ClaimRecord]) -> None:
         for _, r in sorted(claims.items())
         for d in r.devices
     )
+
+
+#: The records as one checkpoint change left them, numbered in the order the changes ran.
+Snapshot = tuple[int, dict[str, ClaimRecord]]
+
+
+class OrderedGauges:
+    """The gauges, set from the snapshot of the newest change whoever sets them last.
+
+    Changes run one at a time under the checkpoint's lock, but the calls that made them set
+    the gauges after it, in any order: numbered when taken (``take``, inside the change),
+    a snapshot older than the one shown is dropped, so 100 concurrent calls still leave the
+    gauges exact.
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._numbers = itertools.count(1)
+        self._lock = threading.Lock()
+        self._shown = 0
+
+    def take(self, claims: Mapping[str, ClaimRecord]) -> Snapshot:
+        """A numbered copy of ``claims``; only from inside a checkpoint change."""
+        return next(self._numbers), dict(claims)
+
+    def show(self, snapshot: Snapshot) -> None:
+        number, claims = snapshot
+        with self._lock:
+            if number > self._shown:
+                self._shown = number
+                update_gauges(self._metrics, claims)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from agent.checkpoint.model import ClaimRecord, ClaimState, holders
 from agent.checkpoint.store import CheckpointStore, CheckpointWriteError
@@ -32,18 +33,37 @@ from agent.prepare.claimspec import ClaimBuilder, now
 from agent.prepare.devices import NETDEV_TYPES, nic_status
 from agent.prepare.effects.base import Release, left_alone, reversed_effects
 from agent.prepare.errors import CheckpointUnavailableError, DeviceTakenError
-from agent.prepare.gauges import update_gauges
+from agent.prepare.gauges import OrderedGauges, Snapshot
 from agent.prepare.pfvf import check_pf_and_vfs
 from agent.prepare.recovery import RecoveryReport, recover
 from agent.prepare.shares import check_shares
 from discovery.model import Inventory
 
 log = logging.getLogger(__name__)
+Claims = dict[str, ClaimRecord]
+T = TypeVar("T")
 
 
 def put_record(record: ClaimRecord) -> Callable[[dict[str, ClaimRecord]], None]:
     """A checkpoint change that stores ``record`` (bound now, not when the loop moves on)."""
     return lambda claims: claims.__setitem__(record.uid, record)
+
+
+def put_and_read(record: ClaimRecord, gauges: OrderedGauges) -> Callable[[Claims], Snapshot]:
+    """``put_record``, and a snapshot of every record after it: the gauges' input, without a
+    second trip through the checkpoint's locks."""
+    def change(claims: Claims) -> Snapshot:
+        claims[record.uid] = record
+        return gauges.take(claims)
+    return change
+
+
+def pop_and_read(uid: str, gauges: OrderedGauges) -> Callable[[Claims], Snapshot]:
+    """Drop ``uid``'s record; a snapshot of every record left (as ``put_and_read``)."""
+    def change(claims: Claims) -> Snapshot:
+        claims.pop(uid, None)
+        return gauges.take(claims)
+    return change
 
 
 class DevicePreparer:
@@ -67,6 +87,7 @@ class DevicePreparer:
         self.checkpoint = checkpoint
         self.inventory = inventory
         self.metrics = metrics or Metrics()
+        self._gauges = OrderedGauges(self.metrics)
         #: Crash-test hooks (``agent.common.failpoints``); None in normal operation.
         self.failpoints = failpoints
 
@@ -120,13 +141,13 @@ class DevicePreparer:
                 self.builder.write_spec(ref, step.devices)
             hit(self.failpoints, Point.PREPARE_AFTER_SPEC_WRITTEN, ref.uid)
             done = step.record.with_state(ClaimState.PREPARE_COMPLETED, now())
-            self.store(ref, put_record(done))
+            snapshot = self.store(ref, put_and_read(done, self._gauges))
             hit(self.failpoints, Point.PREPARE_AFTER_COMPLETED, ref.uid)
         except BaseException:
             if self._host_released(ref):
                 self._rollback(ref.uid)
             raise
-        self.update_gauges()
+        self._gauges.show(snapshot)
         return done
 
     def _host_released(self, ref: ClaimRef) -> bool:
@@ -192,8 +213,7 @@ class DevicePreparer:
             fresh = self.builder.rewrite(claim, existing, results, self.inventory().by_name())
         fresh = replace(fresh, boot_id=self.builder.boot_id, updated=now(),
                         allocation=allocation_json(claim, self.driver))
-        self.store(ref, put_record(fresh))
-        self.update_gauges()
+        self._gauges.show(self.store(ref, put_and_read(fresh, self._gauges)))
         log.info(
             "rewrote CDI spec of a prepared claim",
             extra={"claim": ref.uid, "reason": "missing" if spec_missing else "reboot",
@@ -242,14 +262,12 @@ class DevicePreparer:
                     f"{owner}; it is released when the pods using that claim are gone",
                 )
 
-    def store(
-        self,
-        ref: ClaimRef,
-        change: Callable[[dict[str, ClaimRecord]], None],
-        durable: bool = True,
-    ) -> None:
+    def store(self, ref: ClaimRef, change: Callable[[Claims], T], durable: bool = True) -> T:
+        """One change of the checkpoint; ``durable``: fsynced (the PrepareCompleted record,
+        each effect's record before the host change it names), else kept in the cache until
+        the next durable one (docs/durability.md)."""
         try:
-            self.checkpoint.update(change, durable=durable)
+            return self.checkpoint.update(change, durable=durable)
         except CheckpointWriteError as err:
             raise CheckpointUnavailableError(str(ref), str(err)) from err
 
@@ -282,12 +300,13 @@ class DevicePreparer:
         for effect in self._release_order:
             effect.release(how)
         hit(self.failpoints, Point.UNPREPARE_AFTER_SPEC_REMOVED, uid)
-        self.checkpoint.update(lambda claims: claims.pop(uid, None))
+        snapshot = self.checkpoint.update(pop_and_read(uid, self._gauges))
         if trusted is not None:
             for effect in self.effects:
                 effect.released(trusted, self.checkpoint.claims)
         hit(self.failpoints, Point.UNPREPARE_AFTER_COMPLETED, uid)
-        self.update_gauges()
+        self._gauges.show(snapshot)
 
     def update_gauges(self) -> None:
-        update_gauges(self.metrics, self.checkpoint.claims())
+        """The gauges from the records as they are now."""
+        self._gauges.show(self.checkpoint.update(self._gauges.take, durable=False))

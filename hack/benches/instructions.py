@@ -13,8 +13,8 @@ to compare is the figure of the previous run on the same commit range.
 
 Cases:
 * prepare + unprepare of a 1-GPU claim through the plugin's framework, in-process: claim
-  parsing, the checkpoint's two durable writes and the CDI spec, device metadata files on
-  (the daemon's default); claims from memory (no API server, no gRPC);
+  parsing, the checkpoint's writes (one fsync per call) and the CDI spec, device metadata
+  files on (the daemon's default); claims from memory (no API server, no gRPC);
 * the slices of 2,048 devices (16 slices) rendered as the controller renders them for a
   create, and planned against the same slices as stored (the steady-state compare: no write);
 * explain of the 4-request claim with constraints of the explain bench on a small node
@@ -55,6 +55,25 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @contextmanager
 def _prepare_case(device_metadata: bool = True) -> Iterator[Callable[[], None]]:
+    with prepare_node(device_metadata) as calls:
+        prepare, unprepare = calls[0]
+
+        def once() -> None:
+            prepare()
+            unprepare()
+
+        yield once
+
+
+Calls = list[tuple[Callable[[], None], Callable[[], None]]]
+
+
+@contextmanager
+def prepare_node(device_metadata: bool = True, cdi_parent: Path | None = None,
+                 claims: int = 1) -> Iterator[Calls]:
+    """A plugin of 8 simulated GPUs (more when ``claims`` asks) in a temp dir, and the
+    prepare and the unprepare of each of ``claims`` 1-GPU claims through its framework; the
+    CDI dir under ``cdi_parent`` when given (a tmpfs, for ``hack.benches.syscalls``)."""
     from agent.claim.model import ClaimRef
     from agent.common.metrics import Metrics
     from agent.daemon.wiring import plugin_server
@@ -65,21 +84,27 @@ def _prepare_case(device_metadata: bool = True) -> Iterator[Callable[[], None]]:
     from hack.benches.plugin import DRIVER, NODE, _claim
 
     root = Path(tempfile.mkdtemp(prefix="ic", dir="/tmp"))
+    cdi = Path(tempfile.mkdtemp(prefix="ic", dir=cdi_parent)) if cdi_parent else root
     try:
         boot = root / "boot_id"
         boot.write_text("bench\n")
         gpus = tuple(Device(name=f"gpu-{i}", type=DeviceType.GPU, attributes={}, capacity={},
-                            host=HostInfo(pci_address=f"0000:{i:02x}:00.0")) for i in range(8))
-        claim = _claim("ic", ["gpu-0"])
-        claim["metadata"]["uid"] = str(uuid.UUID(int=1))  # the same bytes on every run
-        ref = ClaimRef("bench", "ic", claim["metadata"]["uid"])
+                            host=HostInfo(pci_address=f"0000:{i:02x}:00.0"))
+                     for i in range(max(8, claims)))
+        objects: dict[str, Mapping[str, Any]] = {}
+        refs = []
+        for i in range(claims):
+            claim = _claim(f"ic{i or ''}", [f"gpu-{i}"])
+            claim["metadata"]["uid"] = str(uuid.UUID(int=1 + i))  # the same bytes every run
+            objects[claim["metadata"]["uid"]] = claim
+            refs.append(ClaimRef("bench", claim["metadata"]["name"], claim["metadata"]["uid"]))
 
         class Claims:
-            def get(self, _ref: ClaimRef) -> Mapping[str, Any]:
-                return claim
+            def get(self, ref: ClaimRef) -> Mapping[str, Any]:
+                return objects[ref.uid]
 
         options = PluginOptions(driver_name=DRIVER, kubelet_dir=root / "k")
-        prepare = PrepareOptions(driver_name=DRIVER, node_name=NODE, cdi_dir=root / "cdi",
+        prepare = PrepareOptions(driver_name=DRIVER, node_name=NODE, cdi_dir=cdi / "cdi",
                                  plugin_dir=root / "k" / "plugins" / DRIVER, boot_id_path=boot,
                                  device_metadata=device_metadata)
         server = plugin_server(options, prepare, lambda: Inventory(devices=gpus), EnvOnlyEdits(),
@@ -87,16 +112,23 @@ def _prepare_case(device_metadata: bool = True) -> Iterator[Callable[[], None]]:
         server.paths.plugin_dir.mkdir(parents=True, exist_ok=True)
         server.preparer.recover()
 
-        def once() -> None:
-            if server.framework.prepare([ref])[ref.uid].record is None:
-                raise RuntimeError("prepare failed")
-            if server.framework.unprepare([ref])[ref.uid].error:
-                raise RuntimeError("unprepare failed")
+        def calls(ref: ClaimRef) -> tuple[Callable[[], None], Callable[[], None]]:
+            def prepare_once() -> None:
+                if server.framework.prepare([ref])[ref.uid].record is None:
+                    raise RuntimeError("prepare failed")
 
-        yield once
+            def unprepare_once() -> None:
+                if server.framework.unprepare([ref])[ref.uid].error:
+                    raise RuntimeError("unprepare failed")
+
+            return prepare_once, unprepare_once
+
+        yield [calls(ref) for ref in refs]
         server.preparer.checkpoint.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        if cdi_parent:
+            shutil.rmtree(cdi, ignore_errors=True)
 
 
 @contextmanager

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from cdi.atomicfile import AtomicWriteError, OsFileOps, Step, fsync_dir, write_atomic
+from cdi.atomicfile import (
+    AtomicWriteError,
+    OsFileOps,
+    Step,
+    fsync_dir,
+    volatile_fs,
+    write_atomic,
+)
 
 
 class RecordingOps(OsFileOps):
@@ -72,6 +79,31 @@ def test_not_durable_syncs_nothing(tmp_path: Path) -> None:
     ops = RecordingOps()
     write_atomic(tmp_path / "a.json", b"x", durable=False, ops=ops)
     assert ops.calls == ["open", "write", "replace"]
+
+
+def test_without_sync_dir_only_the_file_is_synced_before_the_rename(tmp_path: Path) -> None:
+    ops = RecordingOps()
+    write_atomic(tmp_path / "a.json", b"x", sync_dir=False, ops=ops)
+    assert ops.calls == ["open", "write", "fsync", "replace"]
+
+
+def _mount_type(path: str) -> str | None:
+    """The file system type /proc/self/mounts gives a mount point (the last one mounted)."""
+    found = None
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if fields[1] == path:
+            found = fields[2]
+    return found
+
+
+def test_volatile_fs_says_what_the_kernel_says() -> None:
+    # /dev/shm is tmpfs on every Linux here; /proc is procfs, which no fsync concerns either
+    # way but is no tmpfs; a path that does not exist cannot be told: fsync as on a disk.
+    assert volatile_fs("/dev/shm") is (_mount_type("/dev/shm") == "tmpfs")
+    assert volatile_fs("/proc") is False
+    assert volatile_fs("/no/such/dir") is False
+    assert volatile_fs(Path("/dev/shm")) is volatile_fs("/dev/shm")
 
 
 def test_mode_is_exact_whatever_the_umask_unless_the_caller_lets_the_umask_decide(

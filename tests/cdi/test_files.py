@@ -61,7 +61,8 @@ def test_written_spec_is_valid_mode_0600_and_reads_back(checker: Checker, tmp_pa
     out = checker.validate(path)
     assert f"{VENDOR}/claim={UID}-gpu-0" in out
     assert "cdiVersion 0.5.0" in out  # the device name starts with a digit
-    assert path.read_bytes() == (json.dumps(claim_spec().to_dict(), indent=2) + "\n").encode()
+    assert path.read_bytes() == (json.dumps(claim_spec().to_dict(), separators=(",", ":"))
+                                 + "\n").encode()
 
 
 def test_yaml_file_name_writes_yaml_the_library_reads(checker: Checker, tmp_path: Path) -> None:
