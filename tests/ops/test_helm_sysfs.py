@@ -206,3 +206,17 @@ def test_the_charts_sys_mounts_on_this_kernel(helm: Path, tmp_path: Path) -> Non
     writable = json.loads(out.stdout)
     assert {p: writable[p] for p in writes} == dict.fromkeys(writes, True)
     assert {p: writable[p] for p in stays} == dict.fromkeys(stays, False)
+
+
+def test_the_hosts_pod_namespaces_are_mounted_only_for_rdma_exclusive(helm: Path,
+                                                                       tmp_path: Path) -> None:
+    """HostToContainer on a host whose /run/netns is a private mount fails the agent's
+    container ("not a shared or slave mount", seen on the whole node): off by default."""
+    def netns(values: Obj) -> list[Any]:
+        return [m for m in _container(template(helm, tmp_path, values))["volumeMounts"]
+                if m["mountPath"] == "/run/netns"]
+
+    assert netns({}) == []
+    assert netns({"rdmaExclusive": True}) == [{"name": "netns", "mountPath": "/run/netns",
+                                               "readOnly": True,
+                                               "mountPropagation": "HostToContainer"}]
