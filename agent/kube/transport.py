@@ -159,6 +159,13 @@ class KubeHTTP:
     def close(self) -> None:
         self.backend.close()
 
+    def connect(self) -> None:
+        """Build the backend's connection pool now where it defers it (``LeanBackend``
+        with ``connect=False``); ``CredentialsError`` when its TLS material is bad."""
+        connect = getattr(self.backend, "connect", None)
+        if connect is not None:
+            connect()
+
     def _send(
         self,
         method: str,
