@@ -185,7 +185,7 @@ class Daemon:
     def _start_slices(self, client: KubeHTTP | None) -> None:
         # Lazy: the controller (and its first request) after the kubelet can register us.
         from agent import slices
-        
+
         self.controller = slices.start(
             client, self.cfg.driver_name, slices.Owner(kind="Node", name=self.cfg.node_name),
             None, metrics=self.metrics, resync_period_s=self.options.resync_period_s,
