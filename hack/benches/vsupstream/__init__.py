@@ -92,7 +92,7 @@ def run(quick: bool) -> list[Figure]:
         # The agent's start is --simulate dgx-h100, which writes the node's sysfs tree
         # (about 1,500 files) before discovery reads it; the peer reads a devices file.
         figures += [
-            Figure(f"vs-upstream start -> {what} (simulated sysfs written): ours", a, "s"),
+            Figure(f"vs-upstream start -> {what} (sim. tree): ours", a, "s"),
             Figure(f"vs-upstream start -> {what}: Go helper", b, "s"),
             ratio(f"vs-upstream start -> {what}", a, b,
                   START_GOAL if what == "registration" else RATIO_GOAL),
