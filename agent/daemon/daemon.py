@@ -1,9 +1,13 @@
 """``dra-agent run``: wires discovery -> controller and the kubelet plugin, plus health/metrics.
 
-Start order is chosen so every promise made to the outside is already true when it is made:
-discovery first (what to publish and prepare), then the ResourceSlice controller, then the
-plugin (the DRA socket serves before the registration socket exists), then the HTTP endpoint,
-and READY=1 to systemd only once the registration socket answers.
+Start order is chosen so every promise made to the outside is already true when it is made,
+and so the kubelet's registration is answered before anything it does not need is imported or
+started: discovery first (what to prepare), the device-plugin refusal as far as the node's own
+files tell, the health monitor (the plugin serves its stream), then the plugin (the DRA socket
+serves before the registration socket exists). Only then the metrics (prometheus_client is
+loaded at ``Metrics.bind``), the Node's capacity for the refusal (the first request), the
+ResourceSlice controller and the first publish, hotplug, the HTTP endpoint, and READY=1 to
+systemd. /readyz cannot pass early: it starts last, and its checks wait for the slices.
 
 /readyz waits for more: the kubelet's confirmation of the registration. A DaemonSet's rolling
 update stops the old Pod as soon as the new one is Ready, and the kubelet drops the old
@@ -26,7 +30,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from agent import slices
 from agent.checkpoint.store import CheckpointStore
 from agent.common.config import Config
 from agent.common.metrics import Metrics
@@ -40,14 +43,14 @@ from agent.plugin import AlreadyRunningError, PluginServer, SocketError
 from agent.prepare import DevicePreparer
 from agent.prepare.effects.miginstance import owned_instances
 from agent.sdnotify import Notifier
-from agent.slices import Controller
 from discovery.model import Inventory
 from discovery.pools import build_resources
 from discovery.scan import DiscoveryOptions, discover
 from discovery.sources import Sources
 
-if TYPE_CHECKING:  # the HTTP endpoint loads after registration (``_start_http``)
+if TYPE_CHECKING:  # the slices and the HTTP endpoint load after registration
     from agent.httpserver import HealthServer
+    from agent.slices import Controller
 
 log = logging.getLogger("agent.daemon")
 
@@ -70,7 +73,8 @@ class Daemon:
         self.cfg = cfg
         self.options = options or RunOptions()
         self.notifier = notifier or Notifier.from_env(environ)
-        self.metrics = metrics or Metrics()
+        # Bound once the plugin has started: prometheus_client loads after registration.
+        self.metrics = metrics or Metrics(deferred=True)
         self.environ = dict(os.environ if environ is None else environ)
         self.stop_event = threading.Event()
         self._fatal: str | None = None
@@ -134,6 +138,7 @@ class Daemon:
     def _start(self) -> None:
         cfg = self.cfg
         # The kubeconfig first: a wrong one is one line and exit 1 before any monitor starts.
+        # Read, not connected: urllib3 and ssl wait until the kubelet can register us.
         client = machine.api_client(cfg, self.environ)
         self.notifier.status("discovering devices")
         sources = self.sources = self.sources or machine.sources(cfg, self._cleanups)
@@ -149,18 +154,22 @@ class Daemon:
         })
         with self._inventory_lock:
             self._inventory = inventory
+        # The kubelet's own record of its device plugins before we serve; where it names
+        # none, the Node's capacity (a request) after, before anything is published.
+        capacity_pending = False
         if not self.options.allow_device_plugin_overlap:
-            machine.refuse_device_plugin_overlap(cfg, client, inventory)
+            capacity_pending = machine.refuse_device_plugin_overlap(cfg, client, inventory)
 
         self.health = self._start_health(sources)
-        self.controller = slices.start(
-            client, cfg.driver_name, slices.Owner(kind="Node", name=cfg.node_name), None,
-            metrics=self.metrics, resync_period_s=self.options.resync_period_s,
-            stop_event=self.stop_event, on_error=self._background_error,
-            list_attributes={"list": True, "scalar": False}.get(cfg.numa_node_attribute),
-        )
-        self._publish(inventory)
         self._start_plugin(client, sources)
+        # Registration answers from here on: what follows is what it does not need.
+        self.metrics.bind()
+        if client is not None:
+            machine.connect(cfg, client, self.environ)
+        if capacity_pending and client is not None:
+            machine.refuse_capacity_overlap(cfg, client, inventory)
+        self._start_slices(client)
+        self._publish(inventory)
         self._start_hotplug(sources, discovery_options, inventory)
         self._start_simulated_faults(sources)
         self._start_http()
@@ -172,6 +181,17 @@ class Daemon:
         self._status_registered = self.plugin is not None and self.plugin.registered
         self.notifier.ready(self._status_text())
         self._log_ready()
+
+    def _start_slices(self, client: KubeHTTP | None) -> None:
+        # Lazy: the controller (and its first request) after the kubelet can register us.
+        from agent import slices
+
+        self.controller = slices.start(
+            client, self.cfg.driver_name, slices.Owner(kind="Node", name=self.cfg.node_name),
+            None, metrics=self.metrics, resync_period_s=self.options.resync_period_s,
+            stop_event=self.stop_event, on_error=self._background_error,
+            list_attributes={"list": True, "scalar": False}.get(self.cfg.numa_node_attribute),
+        )
 
     def _status_text(self) -> str:
         return probes.status_text(self.plugin, self.controller, len(self.inventory.devices))

@@ -75,11 +75,24 @@ def api_client(cfg: Config, environ: Mapping[str, str]) -> KubeHTTP | None:
                     "~/.kube/config): controller inactive", extra={"tried": str(source.path)})
         return None
     try:
-        client = load(cfg, environ)
+        # The pool (urllib3, ssl, a client certificate) waits for ``connect``.
+        client = load(cfg, environ, connect=False)
     except KubeConfigError as err:
         raise DaemonError(str(err)) from err
     log.info("kube client", extra={"source": source.describe()})
     return client
+
+
+def connect(cfg: Config, client: KubeHTTP, environ: Mapping[str, str]) -> None:
+    """The API client's connection pool, which ``api_client`` leaves for after the kubelet's
+    registration: a client certificate that cannot be loaded is still one line and exit 1
+    before anything is published."""
+    from agent.kube.client import KubeConfigError, connect_or_raise, resolve_source
+
+    try:
+        connect_or_raise(client, resolve_source(cfg.kubeconfig, environ))
+    except KubeConfigError as err:
+        raise DaemonError(str(err)) from err
 
 
 def gpu_control(cfg: Config, run: RunOptions) -> GpuControl | None:
@@ -136,16 +149,39 @@ def device_events(cfg: Config, run: RunOptions, stop: threading.Event) -> Device
 
 
 def refuse_device_plugin_overlap(cfg: Config, client: KubeHTTP | None,
-                                 inventory: Inventory) -> None:
+                                 inventory: Inventory) -> bool:
     """Refuse to start where a device plugin already serves what our classes offer as an
-    extended resource (agent/deviceplugins.py says why); before anything is published."""
+    extended resource (agent/deviceplugins.py says why), as far as the node itself tells: the
+    kubelet's device-plugin checkpoint, a file, read before the plugin serves. Where it names
+    a resource the Node's capacity and the cluster's classes are read now too; where it names
+    none (the usual node) the capacity waits for ``refuse_capacity_overlap``, after the
+    kubelet can register us and before anything is published: the refusal guards the
+    slices, and a request (urllib3, TLS) is a third of a start. Returns whether it waits."""
     from agent import deviceplugins as dp
 
     advertised = dp.advertised_in_checkpoint(cfg.kubelet_dir)
+    if not advertised:
+        return client is not None
     if client is not None:
         advertised = {**advertised, **dp.node_capacity(client, cfg.node_name)}
-    if not advertised:
-        return  # the usual node: no device plugin, nothing more to read
+    _refuse_advertised(cfg, client, inventory, advertised)
+    return False
+
+
+def refuse_capacity_overlap(cfg: Config, client: KubeHTTP, inventory: Inventory) -> None:
+    """The rest of ``refuse_device_plugin_overlap``: the Node's ``status.capacity``, before
+    the first ResourceSlice is published."""
+    from agent import deviceplugins as dp
+
+    advertised = dp.node_capacity(client, cfg.node_name)
+    if advertised:
+        _refuse_advertised(cfg, client, inventory, advertised)
+
+
+def _refuse_advertised(cfg: Config, client: KubeHTTP | None, inventory: Inventory,
+                       advertised: Mapping[str, str]) -> None:
+    from agent import deviceplugins as dp
+
     classes = dp.cluster_classes(client, _shipped) if client is not None else _shipped()
     if not dp.mapped_classes(classes).keys() & advertised.keys():
         return

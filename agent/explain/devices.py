@@ -111,40 +111,80 @@ def _counters(doc: Doc, path: Path_, raw: Mapping[str, Any]) -> dict[str, Fracti
     return {k: quantity_at(doc, (*path, k, "value"), get_path(v, "value")) for k, v in raw.items()}
 
 
+#: A device's fields that the one-walk check below knows; any other field present (taints,
+#: counters, binding, node selection) sends that device through the full schema walk first.
+_PLAIN_DEVICE = frozenset({"name", "attributes", "capacity"})
+#: An attribute's kind -> the JSON types its value may have (bool is not an int here).
+_ATTRIBUTE_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "int": (int,),
+                                                 "bool": (bool,), "version": (str,)}
+
+
+def _plain_attributes(raw: Any, versions: set[str]) -> dict[str, tuple[str, Any]] | None:
+    """A device's attributes checked and parsed in one walk, when every one is a scalar of a
+    known kind (a version: one of ``versions``, already parsed in this slice); None for
+    anything else (the caller runs the full check, and its error)."""
+    if not isinstance(raw, dict):
+        return None
+    attrs: dict[str, tuple[str, Any]] = {}
+    for k, v in raw.items():
+        if type(v) is not dict or len(v) != 1:
+            return None
+        kind, value = next(iter(v.items()))
+        allowed = _ATTRIBUTE_TYPES.get(kind)
+        if allowed is None or not isinstance(value, allowed) or (
+                kind == "int" and isinstance(value, bool)) or (
+                kind == "version" and value not in versions):
+            return None
+        attrs[k] = (kind, value)
+    return attrs
+
+
 def parse_slice(doc: Doc) -> Slice:
+    """Check (``schema``) and parse one slice in one walk of its devices.
+
+    The slice around the devices is checked by the schema walk; a device is checked there only
+    when it has a field beyond name, attributes and capacity, or one of those is not plain.
+    The common device, whose every attribute is one scalar of a known kind and every capacity
+    a plain value, is checked by the same loop that parses it: most of a slice's check was
+    walking 2,048 such devices a second time.
+    """
     obj = doc.obj
     if (obj.get("kind") or "ResourceSlice") != "ResourceSlice":
         raise doc.error(("kind",), f"expected a ResourceSlice, got {obj.get('kind')}")
     if str(obj.get("apiVersion", "")).endswith("/v1beta1"):
         obj = _flatten_v1beta1(obj)
         doc = Doc(obj, doc.source, doc.lines, doc.base)
-    schema.check(doc, "ResourceSlice")
-    spec = obj.get("spec") or {}
+    spec = obj.get("spec")
+    raw_devices = spec.get("devices") if isinstance(spec, dict) else None
+    if isinstance(spec, dict) and isinstance(raw_devices, list):  # devices: one by one, below
+        schema.check(doc, "ResourceSlice", {**obj, "spec": {**spec, "devices": []}})
+    else:
+        schema.check(doc, "ResourceSlice")
+    spec = spec or {}
     driver, pool = spec.get("driver"), spec.get("pool") or {}
     if not driver or not pool.get("name"):
         raise doc.error(("spec",), "a ResourceSlice needs spec.driver and spec.pool.name")
     devices = []
-    plain_caps: dict[str, Capacity] = {}
-    for i, d in enumerate(spec.get("devices") or []):
+    plain_caps: dict[Any, Capacity] = {}
+    versions: set[str] = set()
+    for i, d in enumerate(raw_devices or []):
         path: Path_ = ("spec", "devices", i)
+        attrs = _plain_attributes(d.get("attributes") or {}, versions) \
+            if type(d) is dict and d.keys() <= _PLAIN_DEVICE else None
+        caps = _plain_capacity(d.get("capacity") or {}, plain_caps) \
+            if attrs is not None else None
+        if attrs is None or caps is None:
+            schema.check(doc, "Device", d, path)  # the first bad field's error, if any
+            attrs = {k: _attribute(doc, (*path, "attributes", k), v)
+                     for k, v in (d.get("attributes") or {}).items()}
+            caps = {k: _capacity(doc, (*path, "capacity", k), v)
+                    for k, v in (d.get("capacity") or {}).items()}
+            versions.update(v for kind, v in attrs.values() if kind == "version")
+            for k, v in (d.get("capacity") or {}).items():  # the next device's fast path
+                if len(v) == 1 and type(v.get("value")) in (str, int):
+                    plain_caps.setdefault(v["value"], caps[k])
         if not d.get("name"):
             raise doc.error(path, "a device needs a name")
-        attrs: dict[str, tuple[str, Any]] = {}
-        for k, v in (d.get("attributes") or {}).items():
-            kind, value = next(iter(v.items())) if len(v) == 1 else ("", None)
-            if kind in ("string", "int", "bool"):  # the common case: no path tuples built
-                attrs[k] = (kind, value)
-            else:
-                attrs[k] = _attribute(doc, (*path, "attributes", k), v)
-        caps: dict[str, Capacity] = {}
-        for k, v in (d.get("capacity") or {}).items():
-            plain = len(v) == 1 and isinstance(v.get("value"), str)
-            found = plain_caps.get(v["value"]) if plain else None
-            if found is None:
-                found = _capacity(doc, (*path, "capacity", k), v)
-                if plain:  # frozen, so devices with the same plain capacity share one
-                    plain_caps[v["value"]] = found
-            caps[k] = found
         taints = tuple(Taint(key=t["key"], effect=t.get("effect", ""), value=t.get("value", ""))
                        for t in d.get("taints") or ())
         consumes = tuple(
@@ -173,6 +213,21 @@ def parse_slice(doc: Doc) -> Slice:
         all_nodes=bool(spec.get("allNodes")), node_selector=spec.get("nodeSelector"),
         per_device=bool(spec.get("perDeviceNodeSelection")),
     )
+
+
+def _plain_capacity(raw: Any, seen: dict[Any, Capacity]) -> dict[str, Capacity] | None:
+    """A device's capacities when each is a plain ``{value: <quantity>}`` already checked
+    and parsed in this slice (frozen, so devices with the same one share it); None when one
+    is not plain or new: the caller checks and parses that device in full."""
+    if not isinstance(raw, dict):
+        return None
+    caps: dict[str, Capacity] = {}
+    for k, v in raw.items():
+        found = seen.get(v.get("value")) if type(v) is dict and len(v) == 1 else None
+        if found is None:
+            return None
+        caps[k] = found
+    return caps
 
 
 def _flatten_v1beta1(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -91,8 +91,13 @@ def api_client(
     env: Mapping[str, str] | None = None,
     service_account_dir: Path = SERVICE_ACCOUNT_DIR,
     home: Path | None = None,
+    *,
+    connect: bool = True,
 ) -> KubeHTTP | None:
     """A ``KubeHTTP`` for ``config`` (a Config or a --kubeconfig value).
+
+    ``connect=False``: the lean client's connection pool is built by ``KubeHTTP.connect()``
+    or its first request (``connect_or_raise`` turns its error into this one).
 
     Returns ``None`` for ``none``. Raises ``KubeConfigError`` naming the source when the
     credentials cannot be loaded, so the operator knows which file or mount to fix. The lean
@@ -111,12 +116,12 @@ def api_client(
         return None
     try:
         if source.kind == "in-cluster":
-            return lean_client(load_in_cluster(environ, service_account_dir))
+            return lean_client(load_in_cluster(environ, service_account_dir), connect=connect)
         assert source.path is not None
         if not source.path.is_file():
             raise KubeConfigError(source.describe(), "file not found")
         try:
-            return lean_client(load_kubeconfig(source.path, env=environ))
+            return lean_client(load_kubeconfig(source.path, env=environ), connect=connect)
         except NeedsOfficialLoaderError as err:
             log.info("kubeconfig needs the official loader", extra={"why": err.cause})
             return _official_client(source, err)
@@ -125,6 +130,17 @@ def api_client(
     except (CredentialsError, OSError, ValueError) as err:
         cause = err.cause if isinstance(err, CredentialsError) else str(err)
         raise KubeConfigError(source.describe(), cause) from err
+
+
+def connect_or_raise(client: KubeHTTP, source: ClientSource) -> None:
+    """``client.connect()``; TLS material that cannot be loaded is the ``KubeConfigError``
+    that ``api_client`` raises for it."""
+    from agent.kube.credentials import CredentialsError
+
+    try:
+        client.connect()
+    except CredentialsError as err:
+        raise KubeConfigError(source.describe(), err.cause) from err
 
 
 def _official_client(source: ClientSource, why: NeedsOfficialLoaderError | None = None

@@ -49,6 +49,7 @@ class KubeAPIError(Exception):
         details: Mapping[str, Any] | None = None,
         server: str = "",
         unreachable: str = "",
+        retry_after: float | None = None,
     ) -> None:
         where = f"{verb} {path}"
         text = f"{where}: {status} {reason}: {message}" if status else f"{where}: {message}"
@@ -65,6 +66,8 @@ class KubeAPIError(Exception):
         self.server = server
         #: For status 0: why there was no answer, in a few words ("connection refused").
         self.unreachable = unreachable
+        #: Seconds the server asked us to wait (``Retry-After`` of a 429 or 503), if it did.
+        self.retry_after = retry_after
 
     @property
     def transient(self) -> bool:
@@ -96,8 +99,23 @@ class KubeAPIError(Exception):
         return self.details.get("kind") == kind and self.details.get("name") == name
 
 
-def parse_status(verb: str, path: str, status: int, data: bytes | str) -> KubeAPIError:
-    """The error for an answer ``data`` (a Status object, or anything a proxy may send)."""
+#: The longest ``Retry-After`` taken from a server: past it the caller's own back-off rules.
+RETRY_AFTER_MAX_S = 600.0
+
+
+def retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """``Retry-After`` in seconds (kube-apiserver sends a whole number; an HTTP date, or
+    anything else, is not used), at most ``RETRY_AFTER_MAX_S``."""
+    value = headers.get("retry-after", "").strip()
+    if not (value.isascii() and value.isdigit()):
+        return None
+    return min(float(value), RETRY_AFTER_MAX_S)
+
+
+def parse_status(verb: str, path: str, status: int, data: bytes | str,
+                 headers: Mapping[str, str] | None = None) -> KubeAPIError:
+    """The error for an answer ``data`` (a Status object, or anything a proxy may send), with
+    the ``Retry-After`` of its ``headers`` (lower-case names)."""
     reason, message = "", ""
     causes: list[Cause] = []
     details: Mapping[str, Any] = {}
@@ -124,7 +142,7 @@ def parse_status(verb: str, path: str, status: int, data: bytes | str) -> KubeAP
             status = body["code"]
     return KubeAPIError(
         verb, path, status, reason or "Unknown", message or "no message",
-        causes=causes, details=details,
+        causes=causes, details=details, retry_after=retry_after_s(headers or {}),
     )  # fmt: skip
 
 

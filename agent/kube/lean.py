@@ -85,7 +85,13 @@ class LeanBackend:
         creds: Credentials,
         clock: Callable[[], float] = time.monotonic,
         recheck_s: float = RECHECK_S,
+        *,
+        connect: bool = True,
     ) -> None:
+        """``connect=False``: the pool (urllib3, ssl, the client certificate loaded) is built
+        by ``connect()`` or the first request, not here; ``dra-agent run`` answers the
+        kubelet's registration first, then connects, and a bad certificate is still one line
+        and exit 1 before anything is published."""
         self.creds = creds
         self._clock = clock
         self._recheck_s = recheck_s
@@ -94,7 +100,9 @@ class LeanBackend:
         self._lock = threading.Lock()
         self._cert_stamp = self._stamp()
         self._checked_at = clock()
-        self.pool = self._build_pool()
+        self.pool: Any = None
+        if connect:
+            self.connect()
 
     @property
     def server(self) -> str:
@@ -157,6 +165,13 @@ class LeanBackend:
             raise CredentialsError(creds.source, f"client certificate: {err}") from err
         return ctx
 
+    def connect(self) -> None:
+        """Build the pool now if it is not built; ``CredentialsError`` when TLS material
+        cannot be loaded."""
+        with self._lock:
+            if self.pool is None:
+                self.pool = self._build_pool()
+
     def _build_pool(self) -> Any:
         import urllib3
 
@@ -179,6 +194,8 @@ class LeanBackend:
         return tuple(stamps)
 
     def _current_pool(self) -> Any:
+        if self.pool is None:
+            self.connect()
         if not self.creds.cert_file:
             return self.pool
         with self._lock:
@@ -227,9 +244,11 @@ class LeanBackend:
         return response
 
     def close(self) -> None:
-        self.pool.clear()
+        if self.pool is not None:
+            self.pool.clear()
 
 
-def lean_client(creds: Credentials, clock: Callable[[], float] = time.monotonic) -> KubeHTTP:
+def lean_client(creds: Credentials, clock: Callable[[], float] = time.monotonic, *,
+                connect: bool = True) -> KubeHTTP:
     """A ``KubeHTTP`` over ``LeanBackend(creds)``."""
-    return KubeHTTP(LeanBackend(creds, clock))
+    return KubeHTTP(LeanBackend(creds, clock, connect=connect))

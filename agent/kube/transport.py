@@ -71,7 +71,7 @@ class Response:
             ) from err
 
     def error(self) -> KubeAPIError:
-        return parse_status(self.method, self.path, self.status, self.body)
+        return parse_status(self.method, self.path, self.status, self.body, self.headers)
 
     def raise_for_status(self) -> Response:
         if not self.ok:
@@ -153,11 +153,19 @@ class KubeHTTP:
                 data = b""
             finally:
                 _release(raw)
-            raise parse_status(method, path, int(raw.status), data or b"")
+            headers = {k.lower(): v for k, v in dict(getattr(raw, "headers", {}) or {}).items()}
+            raise parse_status(method, path, int(raw.status), data or b"", headers)
         return LineStream(raw, method, path)
 
     def close(self) -> None:
         self.backend.close()
+
+    def connect(self) -> None:
+        """Build the backend's connection pool now where it defers it (``LeanBackend``
+        with ``connect=False``); ``CredentialsError`` when its TLS material is bad."""
+        connect = getattr(self.backend, "connect", None)
+        if connect is not None:
+            connect()
 
     def _send(
         self,

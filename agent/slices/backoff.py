@@ -20,10 +20,17 @@ class Backoff:
     rng: random.Random = field(default_factory=random.Random)
     failures: int = 0
 
-    def next(self) -> float:
+    def next(self, retry_after: float | None = None) -> float:
+        """The next delay; at least ``retry_after`` (the server's ``Retry-After``) when given,
+        spread over up to half as much again, so that agents told the same second by one busy
+        server do not all come back at that second. The cap bounds our own growth, not the
+        server's word (``agent.kube.errors.RETRY_AFTER_MAX_S`` bounds that)."""
         base = min(self.cap, self.initial * self.factor ** min(self.failures, 64))
         self.failures += 1
-        return base * self.rng.uniform(0.5, 1.0)
+        delay = base * self.rng.uniform(0.5, 1.0)
+        if retry_after:
+            delay = max(delay, retry_after * self.rng.uniform(1.0, 1.5))
+        return delay
 
     def reset(self) -> None:
         self.failures = 0

@@ -278,7 +278,7 @@ class Controller:
                 log.error(str(err))
                 delay = backoff.next()
             except ApiError as err:
-                delay = backoff.next()
+                delay = backoff.next(err.retry_after)
                 # One line per change of state, not per retry: an outage at start-up would
                 # otherwise write a warning every few seconds for as long as it lasts.
                 state = unreachable_line(err, self._timing.backoff_max_s) if err.status == 0 \

@@ -149,7 +149,7 @@ class PoolSync:
         self._report(err)
 
     def _failed(self, pool: str, err: ApiError) -> None:
-        delay = self._backoff(f"pool/{pool}").next()
+        delay = self._backoff(f"pool/{pool}").next(err.retry_after)
         self._failing.add(pool)
         self._retry_later(pool, delay)
         self._metrics.slice_errors.labels(

@@ -122,7 +122,7 @@ class Watcher:
                              extra={"selector": scope.field_selector})
                     need_list = True
                     continue
-                delay = self._backoff.next()
+                delay = self._backoff.next(err.retry_after)
                 self._sink.watch_failed(scope, err, delay)
                 self._stop.wait(delay)
             except Exception as err:  # a bug here must not end the watch for good

@@ -451,3 +451,16 @@ def test_a_refused_watch_is_reported_once_and_retried(
     assert err.status == 403 and "fieldSelector=spec.driver=dra-agent.io,spec.nodeName=node1" in (
         str(err))
     assert len(our_slices(srv)) == 1
+
+
+def test_a_429_is_retried_no_sooner_than_its_retry_after(
+    srv: FakeAPIServer, harness: Harness
+) -> None:
+    """The fake's 429 says Retry-After: 1, past FAST's whole back-off (0.05-0.5 s): a fleet
+    that a busy server turns away comes back when it asked, spread over 1-1.5 s."""
+    srv.fail_next(2, 429, verb="create")
+    started = time.monotonic()
+    c = harness.start(srv, resources(node1=pool_of(2)), timing=FAST)
+    assert c.synced(20)
+    assert [w[2] for w in writes(srv)] == [429, 429, 201]
+    assert time.monotonic() - started >= 2.0
