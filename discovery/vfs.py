@@ -51,6 +51,7 @@ from discovery.model import (
     HostInfo,
 )
 from discovery.names import pci_name
+from discovery.pcidrivers import PciDriverError, SysfsPciDrivers
 
 COUNTER = "vfs"
 BANDWIDTH = "bandwidth"
@@ -60,9 +61,6 @@ EXTRA_TOTAL = "sriovTotalVFs"
 #: HostInfo.extra of a VF under --vf-bandwidth: the cap prepare sets, in Mbit/s.
 EXTRA_RATE = "vfMaxTxRateMbps"
 _RATE = re.compile(r"([1-9][0-9]{0,9})([MGT])")
-#: A kernel driver's name as one path segment under /sys/bus/pci/drivers: no "/", never
-#: "." or "..".
-DRIVER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}", re.ASCII)
 _MBPS = {"M": 1, "G": 1000, "T": 1000_000}
 
 
@@ -261,6 +259,7 @@ class SysfsSriov:
         self.sysfs_root = sysfs_root
         self.timeout_s = timeout_s
         self.clock = clock
+        self._drivers = SysfsPciDrivers(sysfs_root, kind="VF")
 
     def _pf(self, pf: str) -> Path:
         return self.sysfs_root / "bus" / "pci" / "devices" / pf
@@ -275,31 +274,19 @@ class SysfsSriov:
         return self._pf(function).is_dir()
 
     def driver(self, function: str) -> str | None:
-        link = self._pf(function) / "driver"
-        return os.path.basename(os.readlink(link)) if link.is_symlink() else None
+        return self._drivers.driver(function)
 
     def has_driver(self, driver: str) -> bool:
         """``driver`` is a PCI driver the kernel has (``/sys/bus/pci/drivers/<driver>``)."""
-        return bool(DRIVER_NAME.fullmatch(driver)) and \
-            (self.sysfs_root / "bus" / "pci" / "drivers" / driver).is_dir()
+        return self._drivers.has_driver(driver)
 
     def bind(self, function: str, driver: str) -> None:
-        """``driver_override``, unbind from the current driver, ``drivers_probe``: the
-        kernel's way to move one function to another driver (driverctl does the same)."""
-        dev = self._pf(function)
-        current = self.driver(function)
-        if current == driver:
-            return
+        """``driver_override``, unbind from the current driver, ``drivers_probe``
+        (``SysfsPciDrivers.bind``, as GPU passthrough rebinds)."""
         try:
-            (dev / "driver_override").write_text(f"{driver}\n")
-            if current is not None:
-                (dev / "driver" / "unbind").write_text(function)
-            (self.sysfs_root / "bus" / "pci" / "drivers_probe").write_text(function)
-        except OSError as err:
-            raise SriovError(f"VF {function}: binding to {driver}: "
-                             f"{err.strerror or err}") from err
-        if self.driver(function) != driver:
-            raise SriovError(f"VF {function}: {driver} did not bind (is its module loaded?)")
+            self._drivers.bind(function, driver)
+        except PciDriverError as err:
+            raise SriovError(str(err)) from err
 
     def reset_vf_mac(self, pf: str, index: int) -> None:
         """Unset VF ``index``'s MAC on its PF (``ip link set <pf> vf <index> mac 00:..:00``),

@@ -38,7 +38,7 @@ from agent.prepare.effects.vfs import PCI_ADDRESS
 from agent.prepare.errors import admin_refusal
 from discovery.model import Device, DeviceType, Inventory
 from discovery.passthrough import VFIO_DRIVER, PciDriverError, PciDrivers
-from discovery.vfs import DRIVER_NAME
+from discovery.pcidrivers import DRIVER_NAME
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from agent.prepare.devices import SpecDevice, identified
 from agent.prepare.effects.base import BaseEffect, Release, Step, refused
 from agent.prepare.errors import admin_refusal
 from discovery.model import Device, DeviceType, Inventory
+from discovery.pcidrivers import DRIVER_NAME
 from discovery.vfs import (
-    DRIVER_NAME,
     EXTRA_CANDIDATE,
     EXTRA_RATE,
     EXTRA_TOTAL,
