@@ -88,12 +88,13 @@ def test_two_releases_install_and_uninstall(helm_on: tuple[RealCluster, Path]) -
                   values=SECOND)
     assert second.returncode == 0, second.stderr
     classes = cluster.kubectl("get", "deviceclasses", "-o", "name")
-    # Each gpu and nic class has its shareable twin (<type>-shared.<driver>).
+    # Each gpu and nic class has its shareable twin (<type>-shared.<driver>), and the gpu
+    # class its VMs' form (vfio.<driver>, --gpu-passthrough).
     assert sorted(classes.stdout.split()) == sorted(
         [f"deviceclass.resource.k8s.io/{t}.dra-agent.io"
-         for t in ("gpu", "mig", "nic", "vf", "gpu-shared", "nic-shared")]
+         for t in ("gpu", "mig", "nic", "vf", "gpu-shared", "nic-shared", "vfio")]
         + [f"deviceclass.resource.k8s.io/{t}.gpu.example.com"
-           for t in ("gpu", "nic", "gpu-shared", "nic-shared")])
+           for t in ("gpu", "nic", "gpu-shared", "nic-shared", "vfio")])
     vap = json.loads(cluster.kubectl("get", "validatingadmissionpolicy",
                                      "gpu-agent-own-node-slices", "-o", "json").stdout)
     variables = {v["name"]: v["expression"] for v in vap["spec"]["variables"]}

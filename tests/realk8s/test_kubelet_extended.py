@@ -97,8 +97,10 @@ def test_the_shipped_classes_keep_their_extended_resource_names(
              for c in listed.json()["items"] if c["metadata"]["name"].endswith(".dra-agent.io")}
     want = {f"{t}.dra-agent.io": f"dra-agent.io/{t}" for t in ("gpu", "mig", "nic", "vf")}
     want = want if minor == "1.37" else dict.fromkeys(want)
-    # The shareable twins name none: a part of a device is no unit of an extended resource.
-    assert names == {**want, "gpu-shared.dra-agent.io": None, "nic-shared.dra-agent.io": None}
+    # The shareable twins name none: a part of a device is no unit of an extended resource;
+    # nor does a GPU's VFIO form: a VM's GPU is not a container's nvidia.com/gpu.
+    assert names == {**want, "gpu-shared.dra-agent.io": None, "nic-shared.dra-agent.io": None,
+                     "vfio.dra-agent.io": None}
 
 
 def test_the_agent_refuses_a_node_whose_device_plugin_serves_a_mapped_name(
