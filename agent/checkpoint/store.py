@@ -130,7 +130,17 @@ class CheckpointStore:
     # -- public ---------------------------------------------------------------------------
 
     def claims(self) -> Claims:
-        """A snapshot of the records (a copy; changing it changes nothing)."""
+        """A snapshot of the records (a copy; changing it changes nothing).
+
+        While the cache is current (the file's identity unchanged: no other instance wrote
+        it) it answers under this process's lock alone, as the locked read would: the file
+        lock and the group commit's round are what a prepare's reads cost most
+        (docs/durability.md). Else the read queues with the changes and reads the file under
+        both locks.
+        """
+        with self._lock:  # a batch being written holds it: its changes are seen
+            if self._cache is not None and self._cache_key == self._key():
+                return dict(self._cache.claims)
         result: Claims = self._commits.run(Request(None, False))
         return result
 

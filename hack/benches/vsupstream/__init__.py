@@ -117,6 +117,15 @@ def run(quick: bool) -> list[Figure]:
         Figure("vs-upstream prepare+unprepare, 16 parallel callers: Go helper", b, "claims/s"),
         ratio("vs-upstream 16 parallel callers throughput", a, b, throughput=True),
     ]
+    for what in ("1 caller", "16 callers"):
+        # Each process's CPU (all its threads) per claim prepared and unprepared through
+        # the stand-in: the driver's own work, apart from its waits on the disk and the API.
+        a, b = facts[f"ours CPU per claim, {what}"], facts[f"theirs CPU per claim, {what}"]
+        figures += [
+            Figure(f"vs-upstream CPU per prepare+unprepare, {what}: ours", a * 1e3, "ms"),
+            Figure(f"vs-upstream CPU per prepare+unprepare, {what}: Go helper", b * 1e3, "ms"),
+            ratio(f"vs-upstream CPU per prepare+unprepare, {what}", a, b),
+        ]
     for what in ("idle RSS", "RSS after calls", "RSS under 16 callers"):
         a, b = facts[f"ours {what}"], facts[f"theirs {what}"]
         figures += [
