@@ -198,6 +198,9 @@ class PluginServer:
         if self._dra is not None:
             self._dra.stop(grace_s).wait()
             self._dra = None
+        # The claim status writes queued by the last prepares (best effort: a restarted agent
+        # reports what is still owed at the kubelet's next prepare of those claims).
+        self.framework.close(min(grace_s, 2.0))
         remove_socket(self.paths.dra)
         self.preparer.close()
         self._lock.release()

@@ -6,8 +6,9 @@ it to the preparer, serialised per claim UID. The answer has exactly one entry p
 UID; a claim's failure is its own entry's error and never hides the others.
 
 After a successful prepare, the claim's NICs are reported in its ``status.devices``
-(``agent.claim.status``), best effort. Failpoints (``agent.common.failpoints``) mark the steps
-a crash test kills the agent at.
+(``agent.claim.status``), best effort, after the answer: the call finds the NICs and queues
+the write (``agent.plugin.statusqueue``), which a thread of its own makes at once.
+Failpoints (``agent.common.failpoints``) mark the steps a crash test kills the agent at.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from agent.checkpoint.model import ClaimRecord
 from agent.claim.identity import check_uid
 from agent.claim.model import Claim, ClaimError, ClaimNotAllocatedError, ClaimRef
 from agent.claim.parse import parse_claim
-from agent.claim.status import ClaimStatusWriter
+from agent.claim.status import ClaimStatusWriter, NicStatus
 from agent.common.failpoints import Failpoints, Point, hit
 from agent.common.filelock import held
 from agent.common.metrics import Metrics
 from agent.plugin.apiclaims import APIClaimSource
 from agent.plugin.driver import ClaimSource, ClaimStatusReporter, Preparer
+from agent.plugin.statusqueue import StatusReports
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,8 @@ class PluginFramework:
         #: UIDs whose NICs this process knows to be in the claim's status, so a repeat that the
         #: checkpoint answers reads the claim only when a report is still owed.
         self._reported: set[str] = set()
+        #: The status writes, made after the answer (``agent.plugin.statusqueue``).
+        self._reports = StatusReports()
         #: Rolling-update mode: two agent instances share the plugin directory and either may
         #: get any call, so every claim operation also holds this cross-process file lock.
         self._serialize_lock = serialize_lock
@@ -132,6 +136,16 @@ class PluginFramework:
     def failpoints(self, value: Failpoints | None) -> None:
         # One set of points for the whole call path: the preparer holds it, we read it.
         self.preparer.failpoints = value
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until every claim status report queued so far is written (or failed); False
+        when ``timeout`` ran out first."""
+        return self._reports.wait_idle(timeout)
+
+    def close(self, timeout: float) -> bool:
+        """The server stops: let the queued status reports finish for up to ``timeout``
+        seconds (later ones are written inline); False when some were still pending."""
+        return self._reports.close(timeout)
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -237,8 +251,8 @@ class PluginFramework:
                 )
             with self._claim_lock(ref.uid):
                 record = self.preparer.prepare(claim)
-            if self.status is not None and self._report_status(obj, claim):
-                self._reported.add(ref.uid)
+            if self.status is not None:
+                self._report_status(obj, claim)
             hit(self.failpoints, Point.PREPARE_BEFORE_ANSWER, ref.uid)
         except ClaimError as err:
             return self._failed("prepare", ref, err.reason, str(err), request_id)
@@ -288,27 +302,58 @@ class PluginFramework:
         )
         return ClaimOutcome()
 
-    def _report_status(self, obj: Mapping[str, Any], claim: Claim) -> bool:
+    def _report_status(self, obj: Mapping[str, Any], claim: Claim) -> None:
         """Best effort, outside the claim lock: the claim is prepared whatever happens here.
-        True when the claim's status holds its NICs (or it has none)."""
-        assert self.status is not None
+        The NICs are found now; their write is queued, to be made after the answer."""
+        nics = self._nics(claim)
+        if nics is None:
+            return
+        uid = claim.ref.uid
+        if not nics:
+            self._reported.add(uid)  # nothing to report, ever
+            return
+        self._reports.submit(uid, lambda: self._write_status(uid, obj, nics))
+
+    def _nics(self, claim: Claim) -> list[NicStatus] | None:
+        """What the claim's status should say about its NICs; None (logged, counted) when
+        that cannot be told."""
         try:
-            nics = self.preparer.network_status(claim)
-            return self.status.report(obj, nics) if nics else True
+            return self.preparer.network_status(claim)
         except Exception:  # prepare just succeeded with the same inputs: a bug, not the claim's
             log.exception("reporting the claim's NICs failed", extra={"claim": claim.ref.uid})
             self.metrics.claim_status_errors.inc()
-            return False
+            return None
+
+    def _write_status(self, uid: str, obj: Mapping[str, Any], nics: list[NicStatus]) -> None:
+        """The queued write (``agent.plugin.statusqueue``'s thread): never raises."""
+        assert self.status is not None
+        try:
+            written = self.status.report(obj, nics)
+        except Exception:  # a reporter's bug: the claim is prepared all the same
+            log.exception("reporting the claim's NICs failed", extra={"claim": uid})
+            self.metrics.claim_status_errors.inc()
+            return
+        if written:
+            self._reported.add(uid)
 
     def _report_recorded(self, ref: ClaimRef, record: ClaimRecord) -> None:
         """A repeat answered from the checkpoint whose NICs may not be in the claim's status
-        yet (the first report failed, or this process has not seen the claim): report them,
-        reading the claim only when it has NICs. Never fails the prepare."""
+        yet (the first report failed, or this process has not seen the claim): a claim its
+        record shows has no NICs is settled at once; else a report is queued, which reads
+        the claim. Never fails the prepare."""
         claim = self.preparer.recorded_claim(ref, record)
-        try:
-            if claim is not None and not self.preparer.network_status(claim):
+        if claim is not None:
+            nics = self._nics(claim)
+            if nics is None:
+                return
+            if not nics:
                 self._reported.add(ref.uid)
                 return
+        self._reports.submit(ref.uid, lambda: self._reread_and_report(ref, claim))
+
+    def _reread_and_report(self, ref: ClaimRef, claim: Claim | None) -> None:
+        """``_report_recorded``'s queued part: read the claim, then report as a prepare does."""
+        try:
             obj = self.claims.get(ref)
             current = parse_claim(obj, expected=ref)
         except ClaimError as err:
@@ -319,8 +364,11 @@ class PluginFramework:
             log.exception("reporting the claim's NICs failed", extra={"claim": ref.uid})
             self.metrics.claim_status_errors.inc()
             return
-        if self._report_status(obj, claim or current):
+        nics = self._nics(claim or current)
+        if nics is not None and not nics:
             self._reported.add(ref.uid)
+        elif nics:
+            self._write_status(ref.uid, obj, nics)
 
     def _failed(
         self, op: str, ref: ClaimRef, reason: str, message: str, request_id: int

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,10 @@ class Agent:
     metrics: Metrics
 
     def prepare(self, claim: dict[str, Any]) -> Any:
-        return self.kubelet.prepare(DRIVER, [ref(claim)])[claim["metadata"]["uid"]]
+        """One prepare, and the status write it queued (made after the answer) done."""
+        result = self.kubelet.prepare(DRIVER, [ref(claim)])[claim["metadata"]["uid"]]
+        assert self.server.framework.settle(10)
+        return result
 
     @property
     def errors(self) -> float:
@@ -94,6 +98,26 @@ def test_prepared_nics_appear_in_the_claim_status(agent: Agent) -> None:
     assert ready.get("observedGeneration") == claim["metadata"].get("generation")
     (write,) = status_writes(agent.srv)
     assert write.query.get("fieldManager") == DRIVER and write.query.get("force") == "true"
+
+
+def test_the_answer_does_not_wait_for_the_status_write(agent: Agent) -> None:
+    writer = agent.server.framework.status
+    assert isinstance(writer, ClaimStatusWriter)
+    opened = threading.Event()
+
+    class Gated:
+        def report(self, claim: Any, nics: Any) -> bool:
+            assert opened.wait(10)
+            return writer.report(claim, nics)
+
+    agent.server.framework.status = Gated()
+    claim = agent.srv.put_object(make_claim("net", ["nic-0"]))
+    # The write cannot be made before ``opened``: the answer came without it.
+    assert agent.kubelet.prepare(DRIVER, [ref(claim)])[claim["metadata"]["uid"]].ok
+    assert status_writes(agent.srv) == []
+    opened.set()
+    assert agent.server.framework.settle(10)
+    assert [e["device"] for e in status_devices(agent.srv, "net")] == ["nic-0"]
 
 
 def test_repeated_prepare_writes_nothing_new(agent: Agent) -> None:
@@ -189,6 +213,7 @@ def test_a_reporter_that_raises_never_fails_the_prepare(short_root: Path) -> Non
         n.server.framework.status = Broken()
         claim = n.book.put(make_claim("net", ["nic-0"]))
         assert n.prepare(claim)[claim["metadata"]["uid"]].ok
+        assert n.server.framework.settle(10)
         assert n.metrics.registry.get_sample_value("dra_agent_claim_status_errors_total") == 1
     finally:
         n.kubelet.stop()
