@@ -9,7 +9,9 @@ round, so disk noise from neighbours hits all alike; the floor's own p99 is prin
 much of a prepare's p99 is the disk's.
 
 A 1-NIC claim is measured beside them: its prepare also writes the claim's ``status.devices``
-(one server-side apply on ``/status``), so it pays one more API round trip than the floor has.
+(one server-side apply on ``/status``), after the answer (``agent.plugin.statusqueue``, as
+DRANet writes it from its NRI hook, after prepare): timed to the answer, and to the status
+written (the answer, then ``PluginFramework.settle``), one more API round trip than the floor.
 """
 
 from __future__ import annotations
@@ -116,8 +118,9 @@ def run(quick: bool) -> list[Figure]:
     try:
         with FakeAPIServer() as srv:
             api = srv.kube()
-            with served(root, lambda: Inventory(devices=devices), api, callers) as (_, kubelet):
-                figures += _latency(srv, api, kubelet, root, rounds)
+            with served(root, lambda: Inventory(devices=devices), api, callers) as (server,
+                                                                                     kubelet):
+                figures += _latency(srv, api, kubelet, root, rounds, server.framework.settle)
                 figures += _throughput(srv, kubelet, callers, per_caller)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -142,24 +145,33 @@ def _floor_step(srv: Any, api: KubeHTTP, root: Path) -> Callable[[], object]:
     return once
 
 
-def _latency(srv: Any, api: KubeHTTP, kubelet: Any, root: Path, rounds: int) -> list[Figure]:
+def _latency(srv: Any, api: KubeHTTP, kubelet: Any, root: Path, rounds: int,
+             settle: Callable[[], object]) -> list[Figure]:
     """Floor, prepare and unprepare measured in turn, round by round, so that a noisy
-    neighbour (2 shared cores) hits all of them alike."""
+    neighbour (2 shared cores) hits all of them alike; ``settle`` waits for the claim status
+    writes queued by the prepares."""
     floor_once = _floor_step(srv, api, root)
     floor: list[float] = []
     prep: dict[int, list[float]] = {1: [], 8: [], 0: []}
     unprep: dict[int, list[float]] = {1: [], 8: [], 0: []}
+    reported: list[float] = []  # the 1-NIC claim's prepare until its status is written
     for i in range(rounds + 5):
         f = _timed(floor_once)
         for size in (1, 8, 0):  # 0: the 1-NIC claim
             devices = [f"gpu-{d}" for d in range(size)] if size else ["nic-0"]
             claim = srv.put_object(_claim(f"c{size}-{i}", devices, "gpu" if size else "nic"))
             ref = _ref(claim)
-            p = _timed(lambda r=ref: kubelet.prepare(DRIVER, [r]))
+            start = time.perf_counter()
+            kubelet.prepare(DRIVER, [ref])
+            p = (time.perf_counter() - start) * 1000
+            settle()
+            written = (time.perf_counter() - start) * 1000
             u = _timed(lambda r=ref: kubelet.unprepare(DRIVER, [r]))
             if i >= 5:  # warm-up
                 prep[size].append(p)
                 unprep[size].append(u)
+                if not size:
+                    reported.append(written)
         if i >= 5:
             floor.append(f)
     floor_p50 = statistics.median(floor)
@@ -183,9 +195,10 @@ def _latency(srv: Any, api: KubeHTTP, kubelet: Any, root: Path, rounds: int) -> 
         ]
     nic50, nic99 = statistics.median(prep[0]), percentile(prep[0], 0.99)
     out += [
-        Figure("plugin prepare 1-NIC claim incl. claim status write, p50", nic50, "ms"),
-        Figure("plugin prepare 1-NIC claim incl. claim status write, p99", nic99, "ms",
-               "<= 10 ms", nic99 <= 10),
+        Figure("plugin prepare 1-NIC claim, p50", nic50, "ms"),
+        Figure("plugin prepare 1-NIC claim, p99", nic99, "ms", "<= 10 ms", nic99 <= 10),
+        Figure("plugin prepare 1-NIC claim until its status is written, p50",
+               statistics.median(reported), "ms"),
     ]
     return out
 
