@@ -166,12 +166,19 @@ class PluginFramework:
             yield
 
     def prepare(
-        self, refs: Sequence[ClaimRef], request_id: int = 0, *, gone: Gone = _never
+        self, refs: Sequence[ClaimRef], request_id: int = 0, *, gone: Gone = _never,
+        later: list[Callable[[], None]] | None = None,
     ) -> dict[str, ClaimOutcome]:
         """One outcome per claim. ``gone()`` is asked before each claim: once it is true (the
         caller's deadline passed or it cancelled) the claims not started get an error and no
-        work. Claims beyond ``MAX_CLAIMS_PER_CALL`` get an error and are never fetched."""
-        return self._each("prepare", refs, request_id, gone, self._prepare_one)
+        work. Claims beyond ``MAX_CLAIMS_PER_CALL`` get an error and are never fetched.
+
+        ``later``: where the claim status reports go, to be started by the caller once its
+        answer is sent (each one counts for ``settle`` from now); None: started at once."""
+        def one(ref: ClaimRef, request_id: int) -> ClaimOutcome:
+            return self._prepare_one(ref, request_id, later)
+
+        return self._each("prepare", refs, request_id, gone, one)
 
     def unprepare(
         self, refs: Sequence[ClaimRef], request_id: int = 0, *, gone: Gone = _never
@@ -225,7 +232,9 @@ class PluginFramework:
         verb = "prepared" if op == "prepare" else "unprepared"
         return {ref.uid: ClaimOutcome(error=f"claim {ref}: not {verb}: {why}") for ref in refs}
 
-    def _prepare_one(self, ref: ClaimRef, request_id: int) -> ClaimOutcome:
+    def _prepare_one(
+        self, ref: ClaimRef, request_id: int, later: list[Callable[[], None]] | None
+    ) -> ClaimOutcome:
         start = time.perf_counter()
         try:
             if not ref.uid or not ref.name or not ref.namespace:
@@ -238,7 +247,7 @@ class PluginFramework:
                 recorded = self.preparer.prepare_recorded(ref)
             if recorded is not None:
                 if self.status is not None and ref.uid not in self._reported:
-                    self._report_recorded(ref, recorded)
+                    self._report_recorded(ref, recorded, later)
                 return self._prepared(ref, recorded, request_id, start, "checkpoint")
             # Fetched before taking the claim's lock, as the upstream helper does: a slow API
             # server must not hold up a concurrent unprepare of the same claim.
@@ -252,7 +261,7 @@ class PluginFramework:
             with self._claim_lock(ref.uid):
                 record = self.preparer.prepare(claim)
             if self.status is not None:
-                self._report_status(obj, claim)
+                self._report_status(obj, claim, later)
             hit(self.failpoints, Point.PREPARE_BEFORE_ANSWER, ref.uid)
         except ClaimError as err:
             return self._failed("prepare", ref, err.reason, str(err), request_id)
@@ -302,7 +311,9 @@ class PluginFramework:
         )
         return ClaimOutcome()
 
-    def _report_status(self, obj: Mapping[str, Any], claim: Claim) -> None:
+    def _report_status(
+        self, obj: Mapping[str, Any], claim: Claim, later: list[Callable[[], None]] | None
+    ) -> None:
         """Best effort, outside the claim lock: the claim is prepared whatever happens here.
         The NICs are found now; their write is queued, to be made after the answer."""
         nics = self._nics(claim)
@@ -312,7 +323,17 @@ class PluginFramework:
         if not nics:
             self._reported.add(uid)  # nothing to report, ever
             return
-        self._reports.submit(uid, lambda: self._write_status(uid, obj, nics))
+        self._queue(uid, lambda: self._write_status(uid, obj, nics), later)
+
+    def _queue(self, uid: str, report: Callable[[], None],
+               later: list[Callable[[], None]] | None) -> None:
+        """``report`` to the status queue now, or once the caller's answer is sent."""
+        if later is None:
+            self._reports.submit(uid, report)
+            return
+        start = self._reports.reserve(uid, report)
+        if start is not None:
+            later.append(start)
 
     def _nics(self, claim: Claim) -> list[NicStatus] | None:
         """What the claim's status should say about its NICs; None (logged, counted) when
@@ -336,7 +357,9 @@ class PluginFramework:
         if written:
             self._reported.add(uid)
 
-    def _report_recorded(self, ref: ClaimRef, record: ClaimRecord) -> None:
+    def _report_recorded(
+        self, ref: ClaimRef, record: ClaimRecord, later: list[Callable[[], None]] | None
+    ) -> None:
         """A repeat answered from the checkpoint whose NICs may not be in the claim's status
         yet (the first report failed, or this process has not seen the claim): a claim its
         record shows has no NICs is settled at once; else a report is queued, which reads
@@ -349,7 +372,7 @@ class PluginFramework:
             if not nics:
                 self._reported.add(ref.uid)
                 return
-        self._reports.submit(ref.uid, lambda: self._reread_and_report(ref, claim))
+        self._queue(ref.uid, lambda: self._reread_and_report(ref, claim), later)
 
     def _reread_and_report(self, ref: ClaimRef, claim: Claim | None) -> None:
         """``_report_recorded``'s queued part: read the claim, then report as a prepare does."""

@@ -46,7 +46,13 @@ class DRAService:
     def prepare(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self._measure("NodePrepareResources") as result:
             refs = self._refs(request, context)
-            outcomes = self._framework.prepare(refs, next(self._ids), gone=_gone(context))
+            # The claim status writes start once the answer is sent (gRPC runs a call's
+            # callbacks when it ends), not while it is: agent.plugin.statusqueue.
+            later: list[Callable[[], None]] = []
+            outcomes = self._framework.prepare(refs, next(self._ids), gone=_gone(context),
+                                               later=later)
+            if later and not context.add_callback(lambda: _start(later)):
+                _start(later)  # the call has ended already
             response = self._pb.NodePrepareResourcesResponse()
             for uid, outcome in outcomes.items():
                 entry = response.claims[uid]  # creates the entry, even when empty
@@ -94,6 +100,11 @@ class DRAService:
 
     def _measure(self, method: str) -> _Timer:
         return _Timer(self._series[method])
+
+
+def _start(reports: list[Callable[[], None]]) -> None:
+    for start in reports:
+        start()
 
 
 def _gone(context: grpc.ServicerContext) -> Callable[[], bool]:

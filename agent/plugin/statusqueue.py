@@ -8,6 +8,9 @@ on the upstream helper does not make it wait for: DRANet writes the same entries
 hook, when the pod's sandbox starts, after prepare has answered. Here the call hands the write
 to this queue and answers; the write follows at once, on this queue's thread.
 
+* After the answer is sent: the gRPC servicer queues the reports of a call when the call has
+  ended (``reserve``; ``context.add_callback``), so their thread does not take the
+  interpreter's lock from the response being sent.
 * One report per claim at a time: a claim whose report is still queued or under way is not
   queued again (the report in the queue reads the same facts).
 * Bounded: with ``limit`` reports waiting, the caller writes its own inline (the old path),
@@ -49,12 +52,24 @@ class StatusReports:
     def submit(self, uid: str, report: Report) -> None:
         """Run ``report`` after this call returns (inline when full or closed); nothing when
         a report of ``uid`` is pending already."""
+        start = self.reserve(uid, report)
+        if start is not None:
+            start()
+
+    def reserve(self, uid: str, report: Report) -> Callable[[], None] | None:
+        """``submit`` in two steps: ``uid`` counts as pending from now (``wait_idle`` waits
+        for it), and the function returned queues ``report`` when called (the gRPC call's
+        end: ``agent.plugin.server``). None when a report of ``uid`` is pending already."""
         with self._cond:
             if uid in self._pending:
-                return
+                return None
+            self._pending.add(uid)
+        return lambda: self._enqueue(uid, report)
+
+    def _enqueue(self, uid: str, report: Report) -> None:
+        with self._cond:
             inline = self._closed or len(self._queue) >= self._limit
             if not inline:
-                self._pending.add(uid)
                 self._queue.append((uid, report))
                 if not self._running:
                     self._running = True
@@ -63,7 +78,7 @@ class StatusReports:
                 else:
                     self._cond.notify_all()  # wait_idle's callers wait on it too
         if inline:
-            _run(report)
+            self._run(uid, report)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every report submitted so far is done; False when ``timeout`` ran out."""
@@ -86,17 +101,15 @@ class StatusReports:
                     self._running = False
                     return
                 uid, report = self._queue.popleft()
-            try:
-                _run(report)
-            finally:
-                with self._cond:
-                    self._pending.discard(uid)
-                    if not self._pending:
-                        self._cond.notify_all()
+            self._run(uid, report)
 
-
-def _run(report: Report) -> None:
-    try:
-        report()
-    except Exception:  # a report handles its own errors; this is a bug, never the caller's
-        log.exception("claim status report failed unexpectedly")
+    def _run(self, uid: str, report: Report) -> None:
+        try:
+            report()
+        except Exception:  # a report handles its own errors; this is a bug, never the caller's
+            log.exception("claim status report failed unexpectedly")
+        finally:
+            with self._cond:
+                self._pending.discard(uid)
+                if not self._pending:
+                    self._cond.notify_all()

@@ -54,7 +54,8 @@ class _InstantFramework:
         self._outcome = ClaimOutcome
         self.calls = 0
 
-    def prepare(self, refs: list[Any], request_id: int = 0, gone: Any = None) -> dict[str, Any]:
+    def prepare(self, refs: list[Any], request_id: int = 0, gone: Any = None,
+                later: Any = None) -> dict[str, Any]:
         self.calls += 1
         return {r.uid: self._outcome(record=self._record) for r in refs}
 

@@ -97,3 +97,14 @@ def test_the_thread_ends_when_idle_and_a_new_report_starts_another() -> None:
     assert not gate.threads[0].is_alive()
     reports.submit("b", gate)
     assert reports.wait_idle(10) and len(gate.threads) == 2
+
+
+def test_a_reserved_report_is_waited_for_before_it_is_started() -> None:
+    reports, gate = StatusReports(), Gate()
+    gate.open.set()
+    start = reports.reserve("a", gate)
+    assert start is not None
+    assert reports.reserve("a", gate) is None  # pending already
+    assert not reports.wait_idle(0)  # reserved: settle waits for it although not queued yet
+    start()
+    assert reports.wait_idle(10) and len(gate.threads) == 1
