@@ -3,7 +3,13 @@ kubelet claim cache in between: one caller, then 16 at once, with each driver's 
 memory while they run, and the CPU each driver's process spent per claim prepared and
 unprepared (every thread's, from ``/proc/<pid>/task/*/schedstat``: nanoseconds, not the
 10 ms ticks of ``/proc/<pid>/stat``), which tells the driver's own work from waiting on the
-disk and the API server."""
+disk and the API server.
+
+Half of the claims are NICs. The agent writes a NIC claim's ``status.devices`` (one
+server-side apply) after the prepare's answer, as DRANet, a Go NIC driver on the same helper,
+writes it from its NRI hook after prepare; the peer writes none. So the latency rows compare
+like for like, while the CPU rows and the 16 callers' throughput still count that write on
+our side alone (docs/durability.md, "Per call beyond the peer")."""
 
 from __future__ import annotations
 
