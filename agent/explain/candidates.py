@@ -13,7 +13,7 @@ from agent.explain.cel_env import CelEnv, CompiledSelector
 from agent.explain.devices import Device
 from agent.explain.docs import InputError
 from agent.explain.features import Features
-from agent.explain.model import Claim, DeviceClass, Request
+from agent.explain.model import Claim, DeviceClass, DeviceID, Request
 from agent.explain.pools import PoolView
 
 
@@ -30,6 +30,11 @@ class Entry:
     #: Consumes counters while DRAPartitionableDevices is off: selectable, so it counts for an
     #: ``All`` request, but never allocated (upstream's allocateDevice refuses it).
     counters_off: bool = False
+    #: ``device.id``, built once: the search and the verdicts look it up for every request.
+    did: DeviceID = ("", "", "")
+
+    def __post_init__(self) -> None:
+        self.did = self.device.id
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from agent.explain.model import Constraint
 from agent.explain.reasons import CONSTRAINT, Reason
 
 
-def _applies(c: Constraint, base: str, sub: str | None) -> bool:
+def applies(c: Constraint, base: str, sub: str | None) -> bool:
     if not c.requests:
         return True
     return base in c.requests or (sub is not None and f"{base}/{sub}" in c.requests)
@@ -39,7 +39,8 @@ def as_set(value: tuple[str, Any]) -> ValueSet | None:
     return None
 
 
-def _key(value: tuple[str, Any]) -> tuple[str, Any]:
+def value_key(value: tuple[str, Any]) -> tuple[str, Any]:
+    """The attribute's value as a dict key (a list as a tuple)."""
     kind, v = value
     return (kind, tuple(v)) if isinstance(v, list) else value
 
@@ -68,7 +69,7 @@ class Tracker:
     def check(self, base: str, sub: str | None, device: Device) -> Reason | None:
         """None if the device may be added, else why not (nothing is recorded)."""
         c = self.constraint
-        if not _applies(c, base, sub):
+        if not applies(c, base, sub):
             return None
         value = device.attribute(c.attribute)
         if value is None:
@@ -135,7 +136,7 @@ class Tracker:
         return None
 
     def add(self, base: str, sub: str | None, device: Device) -> None:
-        if not _applies(self.constraint, base, sub):
+        if not applies(self.constraint, base, sub):
             return
         value = device.attribute(self.constraint.attribute)
         assert value is not None
@@ -151,12 +152,12 @@ class Tracker:
             else:
                 self.stack.append((mine, name, device.name))
             return
-        holder = self.held.setdefault(_key(value), [0, name, device.name])
+        holder = self.held.setdefault(value_key(value), [0, name, device.name])
         holder[0] += 1
 
     def remove(self, base: str, sub: str | None, device: Device) -> None:
         """Undo the latest ``add`` of this device (the search undoes in reverse order)."""
-        if not _applies(self.constraint, base, sub):
+        if not applies(self.constraint, base, sub):
             return
         value = device.attribute(self.constraint.attribute)
         assert value is not None
@@ -164,7 +165,7 @@ class Tracker:
         if self.list_type:
             self.stack.pop()
             return
-        key = _key(value)
+        key = value_key(value)
         holder = self.held[key]
         holder[0] -= 1
         if holder[0] == 0:

@@ -4,16 +4,35 @@ or with the reason it was not (``RequestReport``, ``DeviceVerdict``).
 A reason that needs no search state (selectors, held by another claim, capacity, counters,
 taints) is the same whatever the search did; the rest is judged against the solution found,
 or, when none was, taken from what the search noted while it backtracked.
+
+Most devices are plain: selected for the whole slice (no per-device node selection), no
+counters, no taints, no capacity shared out to other claims. For those a request's verdict
+can only depend on what its selectors see of the device (its CEL view), the claim holding it,
+the claim's request that took it and the device's value of each constraint's attribute, so
+each of those is judged once per distinct value and its Reason shared (``_Judge``); the rest go
+through the full checks. The order of the CEL evaluations is the same either way.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from agent.explain.allocator import Search, SearchAbortedError
 from agent.explain.candidates import Entry, ReqData
+from agent.explain.constraints import Tracker, applies, value_key
 from agent.explain.matching import capacity_check, taint_reason
-from agent.explain.reasons import ALLOCATED, SELECTOR_ERROR, DeviceVerdict, Reason, RequestReport
+from agent.explain.model import DeviceID
+from agent.explain.reasons import (
+    ALLOCATED,
+    IN_CLAIM,
+    SELECTOR_ERROR,
+    DeviceVerdict,
+    Reason,
+    RequestReport,
+)
 
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+_UNSET: Any = object()
 
 
 def _location(entry: Entry) -> str:
@@ -29,10 +48,10 @@ def _static_reason(search: Search, rd: ReqData, entry: Entry) -> Reason | None:
     if reason is not None:
         return reason
     device = entry.device
-    holder = search.state.devices.get(device.id)
+    holder = search.state.devices.get(entry.did)
     if holder is not None and not rd.req.admin_access:
         return Reason(ALLOCATED, f"allocated to claim {holder}", {"claim": holder})
-    reason = capacity_check(rd.req, device, search.state.capacity.get(device.id), None)
+    reason = capacity_check(rd.req, device, search.state.capacity.get(entry.did), None)
     if reason is None and device.consumes:
         saved = search.consumed_counters
         search.consumed_counters = {}
@@ -45,7 +64,7 @@ def _static_reason(search: Search, rd: ReqData, entry: Entry) -> Reason | None:
 
 def _final_reason(search: Search, rd: ReqData, entry: Entry) -> Reason | None:
     """Against the solution found (not some state the search backtracked from)."""
-    reason = search.in_use(rd, entry.device.id, entry.device.allow_multiple)
+    reason = search.in_use(rd, entry.did, entry.device.allow_multiple)
     if reason is None and entry.device.consumes:
         reason = search.counters(entry, commit=False)
     for t in search.trackers:
@@ -54,37 +73,119 @@ def _final_reason(search: Search, rd: ReqData, entry: Entry) -> Reason | None:
     return reason
 
 
+class _Judge:
+    """One request alternative's verdicts, with the answers for plain devices (see the
+    module's docstring) kept per distinct input."""
+
+    def __init__(self, search: Search, rd: ReqData, fits: bool,
+                 chosen: set[DeviceID]) -> None:
+        self.search, self.rd, self.fits, self.chosen = search, rd, fits, chosen
+        self.verdicts: list[DeviceVerdict] = []
+        self.error = False  # a selector failed at runtime on some device
+        # Admin access may take a device another claim holds: always the full checks.
+        self.fast = not rd.req.admin_access
+        self.dynamic = search.dynamic.get(rd.key, {})
+        self.trackers: list[tuple[Tracker, dict[Any, Reason | None]]] = [
+            (t, {}) for t in search.trackers if applies(t.constraint, rd.req.base, rd.req.sub)]
+        self._selectors: dict[int, Reason | None] = {}
+        self._allocated: dict[str, Reason] = {}
+        self._in_claim: dict[str, Reason] = {}
+
+    def static_plain(self, entry: Entry, view: int, holder: str | None) -> Reason | None:
+        reason = self._selectors.get(view, _UNSET)
+        if reason is _UNSET:
+            try:
+                reason = self.search.selectable(self.rd, entry)
+            except SearchAbortedError as err:
+                reason = err.reason  # the same for every device of this view
+            self._selectors[view] = reason
+            self.error |= reason is not None and reason.code == SELECTOR_ERROR
+        if reason is not None:
+            return reason
+        if holder is not None:
+            found = self._allocated.get(holder)
+            if found is None:
+                found = self._allocated[holder] = Reason(
+                    ALLOCATED, f"allocated to claim {holder}", {"claim": holder})
+            return found
+        if self.rd.req.capacity:
+            return capacity_check(self.rd.req, entry.device, None, None)
+        return None
+
+    def final_plain(self, entry: Entry) -> Reason | None:
+        """``_final_reason`` of a plain device no other claim holds."""
+        taker = self.search.allocating.get(entry.did)
+        if taker is not None:
+            found = self._in_claim.get(taker)
+            if found is None:
+                found = self._in_claim[taker] = Reason(
+                    IN_CLAIM, f"already chosen for request {taker}", {"request": taker})
+            return found
+        req, device = self.rd.req, entry.device
+        for t, seen in self.trackers:
+            value = device.attribute(t.constraint.attribute)
+            key = None if value is None else value_key(value)
+            reason = seen.get(key, _UNSET)
+            if reason is _UNSET:  # the tracker's state is final: same value, same answer
+                reason = seen[key] = t.check(req.base, req.sub, device)
+            if reason is not None:
+                return reason
+        return None
+
+    def add(self, entry: Entry, plain: bool, view: int, holder: str | None,
+            where: str) -> None:
+        search, rd, did = self.search, self.rd, entry.did
+        if plain and self.fast:
+            reason = self.static_plain(entry, view, holder)
+        else:
+            reason = _static_reason(search, rd, entry)
+            self.error |= reason is not None and reason.code == SELECTOR_ERROR
+        picked = did in self.chosen
+        if reason is None and not picked:
+            if not self.fits:
+                reason = self.dynamic.get(did)
+                self.error |= reason is not None and reason.code == SELECTOR_ERROR
+            elif plain and self.fast:
+                reason = self.final_plain(entry)
+            else:
+                reason = _final_reason(search, rd, entry)
+        d = entry.device
+        self.verdicts.append(DeviceVerdict(d.driver, d.pool, d.name, picked,
+                                           None if picked else reason, where))
+
+
 def request_reports(search: Search, fits: bool) -> list[RequestReport]:
     """One report per request alternative, in claim order."""
     chosen: dict[tuple[int, int], list[str]] = {}
-    chosen_ids: dict[tuple[int, int], set[tuple[str, str, str]]] = {}
+    chosen_ids: dict[tuple[int, int], set[DeviceID]] = {}
     for r in search.results:
         ri = next(i for i, cr in enumerate(search.claim.requests) if cr.name == r.req.base)
         si = search.claim.requests[ri].alternatives.index(r.req)
         chosen.setdefault((ri, si), []).append(r.entry.device.name)
-        chosen_ids.setdefault((ri, si), set()).add(r.entry.device.id)
-    verdicts: dict[tuple[int, int], list[DeviceVerdict]] = {k: [] for k in search.data}
+        chosen_ids.setdefault((ri, si), set()).add(r.entry.did)
+    judges = {key: _Judge(search, rd, fits, chosen_ids.get(key, set()))
+              for key, rd in search.data.items()}
+    in_order = list(judges.values())
+    env, held, shared_capacity = search.env, search.state.devices, search.state.capacity
     for entry in search.entries:  # device-major: one CEL binding per device
         d = entry.device
+        plain = not (entry.per_device or d.consumes or d.taints or entry.did in shared_capacity)
+        view = env.view(d) if plain else -1
+        holder = held.get(entry.did)
         where = _location(entry)
-        for key, rd in search.data.items():
-            reason = _static_reason(search, rd, entry)
-            picked = d.id in chosen_ids.get(key, set())
-            if reason is None and not picked:
-                reason = (_final_reason(search, rd, entry) if fits
-                          else search.dynamic.get(key, {}).get(d.id))
-            verdicts[key].append(DeviceVerdict(d.driver, d.pool, d.name, picked,
-                                               None if picked else reason, where))
+        for judge in in_order:
+            judge.add(entry, plain, view, holder, where)
     out = []
-    for (ri, si), rd in search.data.items():
+    for (ri, si), judge in judges.items():
+        rd = judge.rd
         if fits:
             sel = search.selected.get(ri, 0)
             status = "allocated" if si == sel else ("skipped" if si > sel else "unsatisfied")
         else:
             status = "unsatisfied"
-        if any(v.reason and v.reason.code == SELECTOR_ERROR for v in verdicts[(ri, si)]):
+        if judge.error:
             status = "error"
         out.append(RequestReport(rd.req.name, rd.req.device_class, rd.req.mode, rd.num,
-                                 tuple(chosen.get((ri, si), [])), tuple(verdicts[(ri, si)]),
+                                 tuple(chosen.get((ri, si), [])), tuple(judge.verdicts),
                                  status))
     return out
