@@ -11,6 +11,7 @@ from typing import Any
 from agent.explain import schema
 from agent.explain.docs import Doc, Path_
 from agent.explain.model import DeviceID, get_path, quantity_at
+from agent.explain.records import record
 from agent.explain.values import ValueParseError, parse_semver
 from discovery.model import Taint
 
@@ -27,7 +28,7 @@ class Capacity:
     has_policy: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Device:
     name: str
     driver: str

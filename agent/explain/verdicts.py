@@ -32,7 +32,8 @@ from agent.explain.reasons import (
 )
 
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
-_UNSET: Any = object()
+#: Not looked at yet (a Reason, so that the caches stay typed; never in a verdict).
+_UNSET = Reason("", "")
 
 
 def _location(entry: Entry) -> str:
