@@ -74,13 +74,43 @@ def _final_reason(search: Search, rd: ReqData, entry: Entry) -> Reason | None:
     return reason
 
 
+class _Shared:
+    """Reasons the judges of one claim share, so that a device's verdicts for two requests
+    that fail it alike can be one object: a selector's is interned by its content, a holder's
+    and a taker's are made once."""
+
+    def __init__(self) -> None:
+        self._interned: dict[tuple[str, str, str], Reason] = {}
+        self._allocated: dict[str, Reason] = {}
+        self._in_claim: dict[str, Reason] = {}
+
+    def intern(self, reason: Reason) -> Reason:
+        return self._interned.setdefault((reason.code, reason.message, repr(reason.detail)),
+                                         reason)
+
+    def allocated(self, holder: str) -> Reason:
+        found = self._allocated.get(holder)
+        if found is None:
+            found = self._allocated[holder] = Reason(
+                ALLOCATED, f"allocated to claim {holder}", {"claim": holder})
+        return found
+
+    def in_claim(self, taker: str) -> Reason:
+        found = self._in_claim.get(taker)
+        if found is None:
+            found = self._in_claim[taker] = Reason(
+                IN_CLAIM, f"already chosen for request {taker}", {"request": taker})
+        return found
+
+
 class _Judge:
     """One request alternative's verdicts, with the answers for plain devices (see the
     module's docstring) kept per distinct input."""
 
     def __init__(self, search: Search, rd: ReqData, fits: bool,
-                 chosen: set[DeviceID]) -> None:
+                 chosen: set[DeviceID], shared: _Shared) -> None:
         self.search, self.rd, self.fits, self.chosen = search, rd, fits, chosen
+        self.shared = shared
         self.verdicts: list[DeviceVerdict] = []
         self.error = False  # a selector failed at runtime on some device
         # Admin access may take a device another claim holds: always the full checks.
@@ -88,41 +118,39 @@ class _Judge:
         self.dynamic = search.dynamic.get(rd.key, {})
         self.trackers: list[tuple[Tracker, dict[Any, Reason | None]]] = [
             (t, {}) for t in search.trackers if applies(t.constraint, rd.req.base, rd.req.sub)]
-        self._selectors: dict[int, Reason | None] = {}
-        self._allocated: dict[str, Reason] = {}
-        self._in_claim: dict[str, Reason] = {}
+        #: CEL view -> the selectors' reason (None: they pass), for plain devices
+        self.selectors: dict[int, Reason | None] = {}
 
-    def static_plain(self, entry: Entry, view: int, holder: str | None) -> Reason | None:
-        reason = self._selectors.get(view, _UNSET)
-        if reason is _UNSET:
-            try:
-                reason = self.search.selectable(self.rd, entry)
-            except SearchAbortedError as err:
-                reason = err.reason  # the same for every device of this view
-            self._selectors[view] = reason
-            self.error |= reason is not None and reason.code == SELECTOR_ERROR
+    def selector_reason(self, entry: Entry, view: int) -> Reason | None:
+        """The selectors' verdict for the first plain device of a view."""
+        try:
+            reason = self.search.selectable(self.rd, entry)
+        except SearchAbortedError as err:
+            reason = err.reason  # the same for every device of this view
         if reason is not None:
-            return reason
-        if holder is not None:
-            found = self._allocated.get(holder)
-            if found is None:
-                found = self._allocated[holder] = Reason(
-                    ALLOCATED, f"allocated to claim {holder}", {"claim": holder})
-            return found
-        if self.rd.req.capacity:
-            return capacity_check(self.rd.req, entry.device, None, None)
-        return None
+            self.error |= reason.code == SELECTOR_ERROR
+            reason = self.shared.intern(reason)
+        self.selectors[view] = reason
+        return reason
 
-    def final_plain(self, entry: Entry) -> Reason | None:
-        """``_final_reason`` of a plain device no other claim holds."""
+    def plain(self, entry: Entry, holder: str | None) -> Reason | None:
+        """The verdict of a plain device its selectors pass (None: picked or a candidate)."""
+        if entry.did in self.chosen:
+            return None
+        if holder is not None:
+            return self.shared.allocated(holder)
+        req = self.rd.req
+        if req.capacity:
+            reason = capacity_check(req, entry.device, None, None)
+            if reason is not None:
+                return reason
+        if not self.fits:
+            return self._dynamic(entry)
+        # _final_reason, for a device no other claim holds
         taker = self.search.allocating.get(entry.did)
         if taker is not None:
-            found = self._in_claim.get(taker)
-            if found is None:
-                found = self._in_claim[taker] = Reason(
-                    IN_CLAIM, f"already chosen for request {taker}", {"request": taker})
-            return found
-        req, device = self.rd.req, entry.device
+            return self.shared.in_claim(taker)
+        device = entry.device
         for t, seen in self.trackers:
             value = device.attribute(t.constraint.attribute)
             key = None if value is None else value_key(value)
@@ -133,26 +161,23 @@ class _Judge:
                 return reason
         return None
 
-    def add(self, entry: Entry, plain: bool, view: int, holder: str | None,
-            where: str) -> None:
-        search, rd, did = self.search, self.rd, entry.did
-        if plain and self.fast:
-            reason = self.static_plain(entry, view, holder)
-        else:
-            reason = _static_reason(search, rd, entry)
-            self.error |= reason is not None and reason.code == SELECTOR_ERROR
-        picked = did in self.chosen
-        if reason is None and not picked:
-            if not self.fits:
-                reason = self.dynamic.get(did)
-                self.error |= reason is not None and reason.code == SELECTOR_ERROR
-            elif plain and self.fast:
-                reason = self.final_plain(entry)
-            else:
-                reason = _final_reason(search, rd, entry)
-        d = entry.device
-        self.verdicts.append(DeviceVerdict(d.driver, d.pool, d.name, picked,
-                                           None if picked else reason, where))
+    def full(self, entry: Entry) -> Reason | None:
+        """The verdict of any device, through every check (None: picked or a candidate)."""
+        reason = _static_reason(self.search, self.rd, entry)
+        if reason is not None:
+            self.error |= reason.code == SELECTOR_ERROR
+        if entry.did in self.chosen:
+            return None
+        if reason is None:
+            reason = _final_reason(self.search, self.rd, entry) if self.fits \
+                else self._dynamic(entry)
+        return reason
+
+    def _dynamic(self, entry: Entry) -> Reason | None:
+        reason = self.dynamic.get(entry.did)
+        if reason is not None:
+            self.error |= reason.code == SELECTOR_ERROR
+        return reason
 
 
 def request_reports(search: Search, fits: bool) -> list[RequestReport]:
@@ -164,18 +189,39 @@ def request_reports(search: Search, fits: bool) -> list[RequestReport]:
         si = search.claim.requests[ri].alternatives.index(r.req)
         chosen.setdefault((ri, si), []).append(r.entry.device.name)
         chosen_ids.setdefault((ri, si), set()).add(r.entry.did)
-    judges = {key: _Judge(search, rd, fits, chosen_ids.get(key, set()))
+    shared = _Shared()
+    judges = {key: _Judge(search, rd, fits, chosen_ids.get(key, set()), shared)
               for key, rd in search.data.items()}
     in_order = list(judges.values())
     env, held, shared_capacity = search.env, search.state.devices, search.state.capacity
     for entry in search.entries:  # device-major: one CEL binding per device
         d = entry.device
-        plain = not (entry.per_device or d.consumes or d.taints or entry.did in shared_capacity)
+        did = entry.did
+        plain = not (entry.per_device or d.consumes or d.taints or did in shared_capacity)
         view = env.view(d) if plain else -1
-        holder = held.get(entry.did)
+        holder = held.get(did)
         where = _location(entry)
+        # The device's verdicts so far, by reason (picked: by None and True): requests that
+        # judge it alike share one verdict object.
+        made: dict[tuple[int, bool], DeviceVerdict] = {}
         for judge in in_order:
-            judge.add(entry, plain, view, holder, where)
+            if plain and judge.fast:
+                reason = judge.selectors.get(view, _UNSET)
+                if reason is _UNSET:
+                    reason = judge.selector_reason(entry, view)
+                if reason is None:
+                    reason = judge.plain(entry, holder)
+                elif did in judge.chosen:  # never: the search picks no device they refuse
+                    reason = None
+            else:
+                reason = judge.full(entry)
+            picked = reason is None and did in judge.chosen
+            key = (id(reason), picked)
+            verdict = made.get(key)
+            if verdict is None:
+                verdict = made[key] = DeviceVerdict(d.driver, d.pool, d.name, picked, reason,
+                                                    where)
+            judge.verdicts.append(verdict)
     out = []
     for (ri, si), judge in judges.items():
         rd = judge.rd
