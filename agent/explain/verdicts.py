@@ -36,9 +36,13 @@ PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 _UNSET = Reason("", "")
 
 
-def _location(entry: Entry) -> str:
-    found = entry.device.attribute(PCIE_ROOT)
-    return str(found[1]) if found else ""
+def _split(qualified: str) -> tuple[str, str]:
+    """(domain, name) of a qualified attribute name, as ``Device.attribute`` splits it."""
+    domain, _, ident = qualified.partition("/")
+    return domain, ident
+
+
+_ROOT_DOMAIN, _ROOT_NAME = _split(PCIE_ROOT)
 
 
 def _static_reason(search: Search, rd: ReqData, entry: Entry) -> Reason | None:
@@ -116,8 +120,10 @@ class _Judge:
         # Admin access may take a device another claim holds: always the full checks.
         self.fast = not rd.req.admin_access
         self.dynamic = search.dynamic.get(rd.key, {})
-        self.trackers: list[tuple[Tracker, dict[Any, Reason | None]]] = [
-            (t, {}) for t in search.trackers if applies(t.constraint, rd.req.base, rd.req.sub)]
+        #: (attribute's qualified name, its domain, its name, tracker, value -> reason)
+        self.trackers: list[tuple[str, str, str, Tracker, dict[Any, Reason | None]]] = [
+            (t.constraint.attribute, *_split(t.constraint.attribute), t, {})
+            for t in search.trackers if applies(t.constraint, rd.req.base, rd.req.sub)]
         #: CEL view -> the selectors' reason (None: they pass), for plain devices
         self.selectors: dict[int, Reason | None] = {}
 
@@ -151,8 +157,11 @@ class _Judge:
         if taker is not None:
             return self.shared.in_claim(taker)
         device = entry.device
-        for t, seen in self.trackers:
-            value = device.attribute(t.constraint.attribute)
+        attrs = device.attributes
+        for qualified, domain, ident, t, seen in self.trackers:
+            value = attrs.get(qualified)  # device.attribute(qualified), inline
+            if value is None and ident and domain == device.driver:
+                value = attrs.get(ident)
             key = None if value is None else value_key(value)
             reason = seen.get(key, _UNSET)
             if reason is _UNSET:  # the tracker's state is final: same value, same answer
@@ -194,34 +203,40 @@ def request_reports(search: Search, fits: bool) -> list[RequestReport]:
               for key, rd in search.data.items()}
     in_order = list(judges.values())
     env, held, shared_capacity = search.env, search.state.devices, search.state.capacity
+    plans = [(j, j.selectors, j.chosen, j.verdicts.append) for j in in_order]
     for entry in search.entries:  # device-major: one CEL binding per device
         d = entry.device
-        did = entry.did
+        did, driver, pool, name, attrs = entry.did, d.driver, d.pool, d.name, d.attributes
         plain = not (entry.per_device or d.consumes or d.taints or did in shared_capacity)
         view = env.view(d) if plain else -1
         holder = held.get(did)
-        where = _location(entry)
-        # The device's verdicts so far, by reason (picked: by None and True): requests that
-        # judge it alike share one verdict object.
-        made: dict[tuple[int, bool], DeviceVerdict] = {}
-        for judge in in_order:
+        found = attrs.get(PCIE_ROOT)  # the location: d.attribute(PCIE_ROOT), inline
+        if found is None and driver == _ROOT_DOMAIN:
+            found = attrs.get(_ROOT_NAME)
+        where = str(found[1]) if found else ""
+        # The device's verdicts so far, by reason (a verdict with none: by whether it was
+        # picked): requests that judge it alike share one verdict object.
+        made: dict[int, DeviceVerdict] = {}
+        for judge, selectors, picks, append in plans:
             if plain and judge.fast:
-                reason = judge.selectors.get(view, _UNSET)
+                reason = selectors.get(view, _UNSET)
                 if reason is _UNSET:
                     reason = judge.selector_reason(entry, view)
                 if reason is None:
                     reason = judge.plain(entry, holder)
-                elif did in judge.chosen:  # never: the search picks no device they refuse
+                elif did in picks:  # never: the search picks no device they refuse
                     reason = None
             else:
                 reason = judge.full(entry)
-            picked = reason is None and did in judge.chosen
-            key = (id(reason), picked)
+            if reason is None:
+                picked = did in picks
+                key = int(picked)  # 0 or 1: never an object's id
+            else:
+                picked, key = False, id(reason)
             verdict = made.get(key)
             if verdict is None:
-                verdict = made[key] = DeviceVerdict(d.driver, d.pool, d.name, picked, reason,
-                                                    where)
-            judge.verdicts.append(verdict)
+                verdict = made[key] = DeviceVerdict(driver, pool, name, picked, reason, where)
+            append(verdict)
     out = []
     for (ri, si), judge in judges.items():
         rd = judge.rd
