@@ -65,13 +65,36 @@ class Tracker:
     # list mode: matchAttribute pushes the running intersection, distinctAttribute each set
     stack: list[tuple[ValueSet, str, str]] = field(default_factory=list)
     count: int = 0
+    # The search asks about the same few requests and one attribute thousands of times:
+    # (request, subrequest) -> whether the constraint applies, and the attribute's name split.
+    _applies: dict[tuple[str, str | None], bool] = field(default_factory=dict)
+    _attribute: str = ""
+    _domain: str = ""
+    _name: str = ""
+
+    def __post_init__(self) -> None:
+        self._attribute = self.constraint.attribute
+        self._domain, _, self._name = self._attribute.partition("/")
+
+    def applies(self, base: str, sub: str | None) -> bool:
+        found = self._applies.get((base, sub))
+        if found is None:
+            found = self._applies[(base, sub)] = applies(self.constraint, base, sub)
+        return found
+
+    def value(self, device: Device) -> tuple[str, Any] | None:
+        """``device.attribute(constraint.attribute)``, with the name split once."""
+        found = device.attributes.get(self._attribute)
+        if found is None and self._name and self._domain == device.driver:
+            found = device.attributes.get(self._name)
+        return found
 
     def check(self, base: str, sub: str | None, device: Device) -> Reason | None:
         """None if the device may be added, else why not (nothing is recorded)."""
-        c = self.constraint
-        if not applies(c, base, sub):
+        if not self.applies(base, sub):
             return None
-        value = device.attribute(c.attribute)
+        c = self.constraint
+        value = self.value(device)
         if value is None:
             return Reason(CONSTRAINT, f"{c.kind} {c.attribute}: the device has no such attribute",
                           {"constraint": c.kind, "attribute": c.attribute})
@@ -136,9 +159,9 @@ class Tracker:
         return None
 
     def add(self, base: str, sub: str | None, device: Device) -> None:
-        if not applies(self.constraint, base, sub):
+        if not self.applies(base, sub):
             return
-        value = device.attribute(self.constraint.attribute)
+        value = self.value(device)
         assert value is not None
         name = base if sub is None else f"{base}/{sub}"
         self.count += 1
@@ -157,9 +180,9 @@ class Tracker:
 
     def remove(self, base: str, sub: str | None, device: Device) -> None:
         """Undo the latest ``add`` of this device (the search undoes in reverse order)."""
-        if not applies(self.constraint, base, sub):
+        if not self.applies(base, sub):
             return
-        value = device.attribute(self.constraint.attribute)
+        value = self.value(device)
         assert value is not None
         self.count -= 1
         if self.list_type:
