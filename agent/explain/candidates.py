@@ -23,6 +23,7 @@ class Entry:
 
     index: int
     device: Device
+    did: DeviceID  # ``device.id``, built once: the search and the verdicts look it up often
     pool: PoolView
     slice_node_name: str
     slice_node_selector: Any
@@ -30,11 +31,6 @@ class Entry:
     #: Consumes counters while DRAPartitionableDevices is off: selectable, so it counts for an
     #: ``All`` request, but never allocated (upstream's allocateDevice refuses it).
     counters_off: bool = False
-    #: ``device.id``, built once: the search and the verdicts look it up for every request.
-    did: DeviceID = ("", "", "")
-
-    def __post_init__(self) -> None:
-        self.did = self.device.id
 
 
 @dataclass(slots=True)
@@ -76,8 +72,8 @@ def search_order(pools: Sequence[PoolView], features: Features) -> list[Entry]:
                     d = replace(d, taints=())
                 if d.allow_multiple and not features.consumable_capacity:
                     d = replace(d, allow_multiple=False)
-                out.append(Entry(len(out), d, pool, s.node_name, s.node_selector, s.per_device,
-                                 counters_off))
+                out.append(Entry(len(out), d, (d.driver, d.pool, d.name), pool, s.node_name,
+                                 s.node_selector, s.per_device, counters_off))
     return out
 
 
