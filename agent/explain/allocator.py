@@ -207,7 +207,7 @@ class Search:
     def allocate_device(self, rd: ReqData, entry: Entry, must: bool) -> Callable[[], None] | None:
         """Take the device for the request, or None (reason noted). Returns the undo."""
         req, device = rd.req, entry.device
-        did = device.id
+        did = entry.did
         multi = device.allow_multiple
         reason = self.in_use(rd, did, multi)
         if reason is not None:
@@ -224,7 +224,7 @@ class Search:
                 self._note(rd, did, reason)
                 return None
             took_counters = True
-        reason = taint_reason(req, device)
+        reason = taint_reason(req, device) if device.taints else None
         added: list[Tracker] = []
         if reason is None:
             for t in self.trackers:
@@ -349,18 +349,26 @@ class Search:
                 raise
             undo()
             return False
+        # The loop below runs for every device of every request tried: what it reads is
+        # looked up once here.
+        admin = rd.req.admin_access
+        own, allocating, held = self.own, self.allocating, self.state.devices
+        used_capacity, allocating_capacity = self.state.capacity, self.allocating_capacity
+        wants_capacity = bool(rd.req.capacity)
+        deadline = self.deadline
         for entry in self.entries[start:]:
             self.considered += 1
-            if self.deadline is not None and self.considered % _CLOCK_EVERY == 0:
-                self._check_deadline(self.deadline)
-            did = entry.device.id
+            if deadline is not None and self.considered % _CLOCK_EVERY == 0:
+                self._check_deadline(deadline)
+            did = entry.did
             # "In use" is cheap, so upstream checks it before the selectors.
-            if (did in self.own if rd.req.admin_access
-                    else did in self.allocating or did in self.state.devices):
+            if did in own if admin else did in allocating or did in held:
                 continue
             if self.selectable(rd, entry) is not None:
                 continue
-            if self.capacity(rd, entry.device) is not None:
+            # capacity_check is None without a capacity request or any of it in use
+            if (wants_capacity or did in used_capacity or did in allocating_capacity) and \
+                    self.capacity(rd, entry.device) is not None:
                 continue
             undo = self.allocate_device(rd, entry, must=False)
             if undo is None:

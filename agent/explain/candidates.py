@@ -13,7 +13,7 @@ from agent.explain.cel_env import CelEnv, CompiledSelector
 from agent.explain.devices import Device
 from agent.explain.docs import InputError
 from agent.explain.features import Features
-from agent.explain.model import Claim, DeviceClass, Request
+from agent.explain.model import Claim, DeviceClass, DeviceID, Request
 from agent.explain.pools import PoolView
 
 
@@ -23,6 +23,7 @@ class Entry:
 
     index: int
     device: Device
+    did: DeviceID  # ``device.id``, built once: the search and the verdicts look it up often
     pool: PoolView
     slice_node_name: str
     slice_node_selector: Any
@@ -71,8 +72,8 @@ def search_order(pools: Sequence[PoolView], features: Features) -> list[Entry]:
                     d = replace(d, taints=())
                 if d.allow_multiple and not features.consumable_capacity:
                     d = replace(d, allow_multiple=False)
-                out.append(Entry(len(out), d, pool, s.node_name, s.node_selector, s.per_device,
-                                 counters_off))
+                out.append(Entry(len(out), d, (d.driver, d.pool, d.name), pool, s.node_name,
+                                 s.node_selector, s.per_device, counters_off))
     return out
 
 

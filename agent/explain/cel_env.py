@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from agent.explain.cel_lib import QTAG, VTAG, SelectorRuntimeError, k8s_functions, load_cel
@@ -118,7 +119,8 @@ class CelEnv:
         self._compiled: dict[tuple[str, str, int], CompiledSelector] = {}
         self._refs: frozenset[Ref] | None = frozenset()
         self._domains: frozenset[str] = frozenset()
-        self._ref_order: list[Ref] = []
+        # (is an attribute, domain, name, "domain/name") of each ref, in sorted order
+        self._ref_plan: list[tuple[bool, str, str, str]] = []
         self._views: dict[tuple[Any, ...], int] = {}
         self._keys: dict[int, int] = {}  # id(Device) -> view number
         self._bound: int | None = None
@@ -178,7 +180,8 @@ class CelEnv:
         self._compiled[key] = cs
         self._refs = None if self._refs is None or cs.refs is None else self._refs | cs.refs
         self._domains |= literals
-        self._ref_order = sorted(self._refs) if self._refs is not None else []
+        self._ref_plan = [(what == "attributes", domain, ident, f"{domain}/{ident}")
+                          for what, domain, ident in sorted(self._refs or ())]
         # The projection may have grown: what was cached describes other keys.
         self._keys.clear()
         self._views.clear()
@@ -234,18 +237,21 @@ class CelEnv:
         if self._refs is None:
             seen: tuple[Any, ...] = (
                 tuple(sorted((k, _hashable(v)) for k, v in device.attributes.items())),
-                tuple(sorted((k, c.value) for k, c in device.capacity.items())))
+                tuple(sorted((k, _quantity_key(c.value)) for k, c in device.capacity.items())))
         else:
-            looked = []
-            for what, domain, ident in self._ref_order:
-                table: Any = device.attributes if what == "attributes" else device.capacity
-                found = (table.get(ident) if domain == device.driver else None) or table.get(
-                    f"{domain}/{ident}")
-                if found is not None and what == "attributes":
-                    found = _hashable(found)
-                elif found is not None:
-                    found = found.value
-                looked.append(found)
+            looked: list[Any] = []
+            attrs, caps, driver = device.attributes, device.capacity, device.driver
+            for is_attr, domain, ident, qualified in self._ref_plan:
+                table: Any = attrs if is_attr else caps
+                found = table.get(ident) if domain == driver else None
+                if found is None:
+                    found = table.get(qualified)
+                if found is None:
+                    looked.append(None)
+                elif is_attr:
+                    looked.append(_hashable(found) if type(found[1]) is list else found)
+                else:
+                    looked.append(_quantity_key(found.value))
             seen = tuple(looked)
         view = (device.driver, device.allow_multiple, seen)
         number = self._views.setdefault(view, len(self._views))
@@ -300,6 +306,12 @@ class CelEnv:
                 break
         self._parts[(cs.selector.expression, key)] = found
         return found
+
+
+def _quantity_key(value: Fraction) -> tuple[int, int]:
+    """A quantity as a view's key: equal exactly when the values are (a Fraction is kept
+    normalised), without Fraction's hash, which is Python code."""
+    return value.numerator, value.denominator
 
 
 def _hashable(attr: tuple[str, Any]) -> tuple[str, Any]:

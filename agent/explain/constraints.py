@@ -15,7 +15,7 @@ from agent.explain.model import Constraint
 from agent.explain.reasons import CONSTRAINT, Reason
 
 
-def _applies(c: Constraint, base: str, sub: str | None) -> bool:
+def applies(c: Constraint, base: str, sub: str | None) -> bool:
     if not c.requests:
         return True
     return base in c.requests or (sub is not None and f"{base}/{sub}" in c.requests)
@@ -39,7 +39,8 @@ def as_set(value: tuple[str, Any]) -> ValueSet | None:
     return None
 
 
-def _key(value: tuple[str, Any]) -> tuple[str, Any]:
+def value_key(value: tuple[str, Any]) -> tuple[str, Any]:
+    """The attribute's value as a dict key (a list as a tuple)."""
     kind, v = value
     return (kind, tuple(v)) if isinstance(v, list) else value
 
@@ -64,13 +65,36 @@ class Tracker:
     # list mode: matchAttribute pushes the running intersection, distinctAttribute each set
     stack: list[tuple[ValueSet, str, str]] = field(default_factory=list)
     count: int = 0
+    # The search asks about the same few requests and one attribute thousands of times:
+    # (request, subrequest) -> whether the constraint applies, and the attribute's name split.
+    _applies: dict[tuple[str, str | None], bool] = field(default_factory=dict)
+    _attribute: str = ""
+    _domain: str = ""
+    _name: str = ""
+
+    def __post_init__(self) -> None:
+        self._attribute = self.constraint.attribute
+        self._domain, _, self._name = self._attribute.partition("/")
+
+    def applies(self, base: str, sub: str | None) -> bool:
+        found = self._applies.get((base, sub))
+        if found is None:
+            found = self._applies[(base, sub)] = applies(self.constraint, base, sub)
+        return found
+
+    def value(self, device: Device) -> tuple[str, Any] | None:
+        """``device.attribute(constraint.attribute)``, with the name split once."""
+        found = device.attributes.get(self._attribute)
+        if found is None and self._name and self._domain == device.driver:
+            found = device.attributes.get(self._name)
+        return found
 
     def check(self, base: str, sub: str | None, device: Device) -> Reason | None:
         """None if the device may be added, else why not (nothing is recorded)."""
-        c = self.constraint
-        if not _applies(c, base, sub):
+        if not self.applies(base, sub):
             return None
-        value = device.attribute(c.attribute)
+        c = self.constraint
+        value = self.value(device)
         if value is None:
             return Reason(CONSTRAINT, f"{c.kind} {c.attribute}: the device has no such attribute",
                           {"constraint": c.kind, "attribute": c.attribute})
@@ -135,9 +159,9 @@ class Tracker:
         return None
 
     def add(self, base: str, sub: str | None, device: Device) -> None:
-        if not _applies(self.constraint, base, sub):
+        if not self.applies(base, sub):
             return
-        value = device.attribute(self.constraint.attribute)
+        value = self.value(device)
         assert value is not None
         name = base if sub is None else f"{base}/{sub}"
         self.count += 1
@@ -151,20 +175,20 @@ class Tracker:
             else:
                 self.stack.append((mine, name, device.name))
             return
-        holder = self.held.setdefault(_key(value), [0, name, device.name])
+        holder = self.held.setdefault(value_key(value), [0, name, device.name])
         holder[0] += 1
 
     def remove(self, base: str, sub: str | None, device: Device) -> None:
         """Undo the latest ``add`` of this device (the search undoes in reverse order)."""
-        if not _applies(self.constraint, base, sub):
+        if not self.applies(base, sub):
             return
-        value = device.attribute(self.constraint.attribute)
+        value = self.value(device)
         assert value is not None
         self.count -= 1
         if self.list_type:
             self.stack.pop()
             return
-        key = _key(value)
+        key = value_key(value)
         holder = self.held[key]
         holder[0] -= 1
         if holder[0] == 0:

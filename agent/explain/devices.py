@@ -11,6 +11,7 @@ from typing import Any
 from agent.explain import schema
 from agent.explain.docs import Doc, Path_
 from agent.explain.model import DeviceID, get_path, quantity_at
+from agent.explain.records import record
 from agent.explain.values import ValueParseError, parse_semver
 from discovery.model import Taint
 
@@ -27,7 +28,7 @@ class Capacity:
     has_policy: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Device:
     name: str
     driver: str
@@ -114,28 +115,27 @@ def _counters(doc: Doc, path: Path_, raw: Mapping[str, Any]) -> dict[str, Fracti
 #: A device's fields that the one-walk check below knows; any other field present (taints,
 #: counters, binding, node selection) sends that device through the full schema walk first.
 _PLAIN_DEVICE = frozenset({"name", "attributes", "capacity"})
-#: An attribute's kind -> the JSON types its value may have (bool is not an int here).
-_ATTRIBUTE_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "int": (int,),
-                                                 "bool": (bool,), "version": (str,)}
+#: An attribute's kind -> the one JSON type its value has on the fast path (exact: bool is not
+#: an int here; a subclass of str takes the full check, which says what it thinks of it).
+_ATTRIBUTE_TYPES: dict[str, type] = {"string": str, "int": int, "bool": bool, "version": str}
 
 
 def _plain_attributes(raw: Any, versions: set[str]) -> dict[str, tuple[str, Any]] | None:
     """A device's attributes checked and parsed in one walk, when every one is a scalar of a
     known kind (a version: one of ``versions``, already parsed in this slice); None for
     anything else (the caller runs the full check, and its error)."""
-    if not isinstance(raw, dict):
+    if type(raw) is not dict:
         return None
     attrs: dict[str, tuple[str, Any]] = {}
     for k, v in raw.items():
         if type(v) is not dict or len(v) != 1:
             return None
-        kind, value = next(iter(v.items()))
-        allowed = _ATTRIBUTE_TYPES.get(kind)
-        if allowed is None or not isinstance(value, allowed) or (
-                kind == "int" and isinstance(value, bool)) or (
-                kind == "version" and value not in versions):
-            return None
-        attrs[k] = (kind, value)
+        for item in v.items():  # the one (kind, value) pair, kept as the parsed attribute
+            kind, value = item
+            if type(value) is not _ATTRIBUTE_TYPES.get(kind) or (
+                    kind == "version" and value not in versions):
+                return None
+            attrs[k] = item
     return attrs
 
 
@@ -167,51 +167,65 @@ def parse_slice(doc: Doc) -> Slice:
     devices = []
     plain_caps: dict[Any, Capacity] = {}
     versions: set[str] = set()
+    pool_name = pool["name"]
     for i, d in enumerate(raw_devices or []):
-        path: Path_ = ("spec", "devices", i)
-        attrs = _plain_attributes(d.get("attributes") or {}, versions) \
-            if type(d) is dict and d.keys() <= _PLAIN_DEVICE else None
-        caps = _plain_capacity(d.get("capacity") or {}, plain_caps) \
-            if attrs is not None else None
-        if attrs is None or caps is None:
-            schema.check(doc, "Device", d, path)  # the first bad field's error, if any
-            attrs = {k: _attribute(doc, (*path, "attributes", k), v)
-                     for k, v in (d.get("attributes") or {}).items()}
-            caps = {k: _capacity(doc, (*path, "capacity", k), v)
-                    for k, v in (d.get("capacity") or {}).items()}
-            versions.update(v for kind, v in attrs.values() if kind == "version")
-            for k, v in (d.get("capacity") or {}).items():  # the next device's fast path
-                if len(v) == 1 and type(v.get("value")) in (str, int):
-                    plain_caps.setdefault(v["value"], caps[k])
-        if not d.get("name"):
-            raise doc.error(path, "a device needs a name")
-        taints = tuple(Taint(key=t["key"], effect=t.get("effect", ""), value=t.get("value", ""))
-                       for t in d.get("taints") or ())
-        consumes = tuple(
-            (str(c.get("counterSet")),
-             _counters(doc, (*path, "consumesCounters", j, "counters"), c.get("counters") or {}))
-            for j, c in enumerate(d.get("consumesCounters") or ()))
-        devices.append(Device(
-            name=d["name"], driver=driver, pool=pool["name"], attributes=attrs, capacity=caps,
-            taints=taints, consumes=consumes,
-            allow_multiple=bool(d.get("allowMultipleAllocations")),
-            binds_to_node=bool(d.get("bindsToNode")),
-            binding_conditions=tuple(d.get("bindingConditions") or ()),
-            binding_failure_conditions=tuple(d.get("bindingFailureConditions") or ()),
-            node_name=d.get("nodeName") or "", all_nodes=bool(d.get("allNodes")),
-            node_selector=d.get("nodeSelector"),
-        ))
+        # The common device: a name, plain attributes and capacities, nothing else. Checked by
+        # the loop that parses it, and built with the other fields at their defaults.
+        if type(d) is dict and d.keys() <= _PLAIN_DEVICE and type(d.get("name")) is str \
+                and d["name"]:
+            attrs = _plain_attributes(d.get("attributes") or {}, versions)
+            caps = _plain_capacity(d.get("capacity") or {}, plain_caps) \
+                if attrs is not None else None
+            if attrs is not None and caps is not None:
+                devices.append(Device(d["name"], driver, pool_name, attrs, caps))
+                continue
+        devices.append(_full_device(doc, i, d, driver, pool_name, plain_caps=plain_caps,
+                                    versions=versions))
     counters = {str(c.get("name")): _counters(doc, ("spec", "sharedCounters", i, "counters"),
                                               c.get("counters") or {})
                 for i, c in enumerate(spec.get("sharedCounters") or [])}
     return Slice(
         name=str(get_path(obj, "metadata", "name") or get_path(obj, "metadata", "generateName")
                  or f"{driver}-{pool['name']}"),
-        driver=driver, pool=pool["name"], generation=int(pool.get("generation") or 0),
+        driver=driver, pool=pool_name, generation=int(pool.get("generation") or 0),
         slice_count=int(pool.get("resourceSliceCount") or 1), devices=tuple(devices),
         shared_counters=counters, node_name=spec.get("nodeName") or "",
         all_nodes=bool(spec.get("allNodes")), node_selector=spec.get("nodeSelector"),
         per_device=bool(spec.get("perDeviceNodeSelection")),
+    )
+
+
+def _full_device(doc: Doc, i: int, d: Any, driver: str, pool: str, *,
+                 plain_caps: dict[Any, Capacity], versions: set[str]) -> Device:
+    """A device off the fast path: the schema walk (the first bad field's error, if any),
+    then every field; what it parsed serves the next devices' fast path."""
+    path: Path_ = ("spec", "devices", i)
+    schema.check(doc, "Device", d, path)
+    attrs = {k: _attribute(doc, (*path, "attributes", k), v)
+             for k, v in (d.get("attributes") or {}).items()}
+    caps = {k: _capacity(doc, (*path, "capacity", k), v)
+            for k, v in (d.get("capacity") or {}).items()}
+    versions.update(v for kind, v in attrs.values() if kind == "version")
+    for k, v in (d.get("capacity") or {}).items():
+        if len(v) == 1 and type(v.get("value")) in (str, int):
+            plain_caps.setdefault(v["value"], caps[k])
+    if not d.get("name"):
+        raise doc.error(path, "a device needs a name")
+    taints = tuple(Taint(key=t["key"], effect=t.get("effect", ""), value=t.get("value", ""))
+                   for t in d.get("taints") or ())
+    consumes = tuple(
+        (str(c.get("counterSet")),
+         _counters(doc, (*path, "consumesCounters", j, "counters"), c.get("counters") or {}))
+        for j, c in enumerate(d.get("consumesCounters") or ()))
+    return Device(
+        name=d["name"], driver=driver, pool=pool, attributes=attrs, capacity=caps,
+        taints=taints, consumes=consumes,
+        allow_multiple=bool(d.get("allowMultipleAllocations")),
+        binds_to_node=bool(d.get("bindsToNode")),
+        binding_conditions=tuple(d.get("bindingConditions") or ()),
+        binding_failure_conditions=tuple(d.get("bindingFailureConditions") or ()),
+        node_name=d.get("nodeName") or "", all_nodes=bool(d.get("allNodes")),
+        node_selector=d.get("nodeSelector"),
     )
 
 

@@ -147,14 +147,16 @@ def gather_pools(slices: Sequence[Slice], node: Node, *, partitionable: bool = T
 
 
 def _validate(pool: PoolView, same_gen: Sequence[Slice]) -> None:
-    names: set[str] = set()
-    for s in pool.slices:
-        for d in s.devices:
+    devices = [d for s in pool.slices for d in s.devices]
+    if len({d.name for d in devices}) != len(devices):  # which one: the first seen twice
+        names: set[str] = set()
+        for i, d in enumerate(devices):
             if d.name in names:
+                pool.binding_conditions = any(e.binding_conditions for e in devices[:i])
                 pool.invalid = f"duplicate device name {d.name}"
                 return
             names.add(d.name)
-            pool.binding_conditions |= bool(d.binding_conditions)
+    pool.binding_conditions = any(d.binding_conditions for d in devices)
     for s in same_gen:
         for set_name, counters in s.shared_counters.items():
             if set_name in pool.counter_sets:

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.explain.records import record
+
 # Reason codes, in the order the checks run for the report.
 SELECTOR = "selector"  # a class or request selector is false
 SELECTOR_ERROR = "selector-error"  # a selector failed at runtime (the scheduler gives up)
@@ -19,7 +21,7 @@ CONSTRAINT = "constraint"  # matchAttribute/distinctAttribute conflict with a ch
 NOT_REACHED = "not-reached"  # the search never needed it (another alternative was chosen)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Reason:
     code: str
     message: str
@@ -32,7 +34,7 @@ class Reason:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeviceVerdict:
     driver: str
     pool: str
