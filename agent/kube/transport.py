@@ -92,8 +92,13 @@ class Backend(Protocol):
         headers: dict[str, str],
         body: bytes | None,
         timeout: Any,
+        *,
+        stream: bool = False,
     ) -> Any:
-        """Send one request; return the unread urllib3 ``HTTPResponse`` (any status)."""
+        """Send one request; return the unread urllib3 ``HTTPResponse`` (any status).
+
+        ``stream``: a long answer (a watch), which may go over connections of its own so
+        that it does not hold one the short requests would reuse."""
         ...
 
     def close(self) -> None: ...
@@ -145,7 +150,7 @@ class KubeHTTP:
         timeout: Timeout = DEFAULT_TIMEOUT,
     ) -> LineStream:
         """A long answer read line by line (watch); a non-2xx answer raises at once."""
-        raw = self._send(method, path, query, None, timeout=timeout)
+        raw = self._send(method, path, query, None, timeout=timeout, stream=True)
         if not 200 <= int(raw.status) < 300:
             try:
                 data = raw.data
@@ -176,6 +181,7 @@ class KubeHTTP:
         *,
         content_type: str = "application/json",
         timeout: Timeout,
+        stream: bool = False,
     ) -> Any:
         headers = {"Accept": "application/json"}
         payload: bytes | None = None
@@ -190,6 +196,9 @@ class KubeHTTP:
         items = list(query.items()) if isinstance(query, Mapping) else list(query or ())
         target = f"{path}?{urlencode(items)}" if items else path
         try:
+            if stream:
+                return self.backend.send(method, target, headers, payload, _timeout(timeout),
+                                         stream=True)
             return self.backend.send(method, target, headers, payload, _timeout(timeout))
         except KubeAPIError:
             raise

@@ -175,11 +175,15 @@ def _same(value: Any) -> Any:
     return value
 
 
+_SCALARS = frozenset({str, int, bool, float, type(None)})
+
+
 def plain(value: Any) -> Any:
     """``value`` as JSON-ready dicts and lists (the driver may hand over any Mapping)."""
     kind = type(value)
     if kind is dict:  # the common case first: isinstance against an ABC is slow
-        return {k: plain(v) for k, v in value.items()}
+        # Scalars are taken as they are without a call: most of a device's values are.
+        return {k: v if type(v) in _SCALARS else plain(v) for k, v in value.items()}
     if kind is list or kind is tuple:
         return [plain(v) for v in value]
     if kind in (str, int, bool, float) or value is None:
