@@ -192,7 +192,7 @@ class KubeHTTP:
             elif isinstance(body, str):
                 payload = body.encode()
             else:
-                payload = json.dumps(body, separators=(",", ":")).encode()
+                payload = json.dumps(body, separators=(",", ":"), default=_jsonable).encode()
         items = list(query.items()) if isinstance(query, Mapping) else list(query or ())
         target = f"{path}?{urlencode(items)}" if items else path
         try:
@@ -204,6 +204,14 @@ class KubeHTTP:
             raise
         except Exception as err:  # urllib3/socket/ssl errors: no HTTP answer at all
             raise no_answer(method, path, err, server=self.server) from err
+
+
+def _jsonable(value: Any) -> Any:
+    """What ``json`` cannot encode by itself: any other mapping (a driver's read-only view,
+    say) as a dict. Called only for such values, so plain dicts cost nothing."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _release(raw: Any) -> None:
