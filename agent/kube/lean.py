@@ -78,7 +78,14 @@ class FileToken:
 
 
 class LeanBackend:
-    """``Backend`` over urllib3 with ``Credentials``; rebuilds its pool when certs rotate."""
+    """``Backend`` over urllib3 with ``Credentials``; rebuilds its pools when certs rotate.
+
+    Two pools, built and rebuilt together: ``pool`` for requests and ``stream_pool`` for long
+    answers (watches). A watch holds its connection for minutes; from a shared pool it takes
+    the warm connection the requests before it used, and the next request (the first write
+    of a publish) pays a new TCP and TLS handshake. Go's client multiplexes both on one
+    HTTP/2 connection; here the watch has its own, so request connections stay warm.
+    """
 
     def __init__(
         self,
@@ -101,6 +108,7 @@ class LeanBackend:
         self._cert_stamp = self._stamp()
         self._checked_at = clock()
         self.pool: Any = None
+        self.stream_pool: Any = None
         if connect:
             self.connect()
 
@@ -170,18 +178,24 @@ class LeanBackend:
         cannot be loaded."""
         with self._lock:
             if self.pool is None:
-                self.pool = self._build_pool()
+                self.pool, self.stream_pool = self._build_pools()
 
-    def _build_pool(self) -> Any:
+    def _build_pools(self) -> tuple[Any, Any]:
+        """The request pool and the stream pool, sharing one TLS context."""
         import urllib3
 
         kwargs = self.pool_kwargs()
-        if self.creds.proxy_url:
-            # Sent to the proxy only (on CONNECT for an https server), as Go's transport does.
-            headers = {"Proxy-Authorization": self.creds.proxy_auth} if self.creds.proxy_auth \
-                else None
-            return urllib3.ProxyManager(self.creds.proxy_url, proxy_headers=headers, **kwargs)
-        return urllib3.PoolManager(**kwargs)
+        proxy = self.creds.proxy_url
+        # Sent to the proxy only (on CONNECT for an https server), as Go's transport does.
+        headers = {"Proxy-Authorization": self.creds.proxy_auth} if self.creds.proxy_auth \
+            else None
+
+        def build() -> Any:
+            if proxy:
+                return urllib3.ProxyManager(proxy, proxy_headers=headers, **kwargs)
+            return urllib3.PoolManager(**kwargs)
+
+        return build(), build()
 
     def _stamp(self) -> tuple[float, ...]:
         stamps: list[float] = []
@@ -193,11 +207,11 @@ class LeanBackend:
                     stamps.append(-1.0)
         return tuple(stamps)
 
-    def _current_pool(self) -> Any:
+    def _current_pool(self, stream: bool = False) -> Any:
         if self.pool is None:
             self.connect()
         if not self.creds.cert_file:
-            return self.pool
+            return self.stream_pool if stream else self.pool
         with self._lock:
             now = self._clock()
             if now - self._checked_at >= self._recheck_s:
@@ -206,14 +220,14 @@ class LeanBackend:
                 if stamp != self._cert_stamp and -1.0 not in stamp:
                     # Renewed certificate: new connections present it; old ones drain.
                     try:
-                        self.pool = self._build_pool()
+                        self.pool, self.stream_pool = self._build_pools()
                         self._cert_stamp = stamp
                     except CredentialsError as err:
                         # Caught between writing the certificate and its key: the old pair
                         # is still valid for a while, look again at the next check.
                         log.warning("renewed client certificate not loaded yet",
                                     extra={"source": self.creds.source, "error": err.cause})
-            return self.pool
+            return self.stream_pool if stream else self.pool
 
     def auth_headers(self) -> dict[str, str]:
         creds = self.creds
@@ -232,8 +246,10 @@ class LeanBackend:
         headers: dict[str, str],
         body: bytes | None,
         timeout: Any,
+        *,
+        stream: bool = False,
     ) -> Any:
-        pool = self._current_pool()
+        pool = self._current_pool(stream)
         response = pool.request(
             method, self.creds.server + path_and_query, body=body,
             headers={**headers, **self.auth_headers()}, timeout=timeout,
@@ -244,8 +260,9 @@ class LeanBackend:
         return response
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.clear()
+        for pool in (self.pool, self.stream_pool):
+            if pool is not None:
+                pool.clear()
 
 
 def lean_client(creds: Credentials, clock: Callable[[], float] = time.monotonic, *,

@@ -32,7 +32,10 @@ class OfficialBackend:
         headers: dict[str, str],
         body: bytes | None,
         timeout: Any,
+        *,
+        stream: bool = False,
     ) -> Any:
+        """``stream`` is accepted and ignored: the official client has one pool."""
         _, url, header_params, _, _ = self.api_client.param_serialize(
             method, path_and_query, header_params=dict(headers), auth_settings=["BearerToken"]
         )

@@ -92,8 +92,13 @@ class Backend(Protocol):
         headers: dict[str, str],
         body: bytes | None,
         timeout: Any,
+        *,
+        stream: bool = False,
     ) -> Any:
-        """Send one request; return the unread urllib3 ``HTTPResponse`` (any status)."""
+        """Send one request; return the unread urllib3 ``HTTPResponse`` (any status).
+
+        ``stream``: a long answer (a watch), which may go over connections of its own so
+        that it does not hold one the short requests would reuse."""
         ...
 
     def close(self) -> None: ...
@@ -145,7 +150,7 @@ class KubeHTTP:
         timeout: Timeout = DEFAULT_TIMEOUT,
     ) -> LineStream:
         """A long answer read line by line (watch); a non-2xx answer raises at once."""
-        raw = self._send(method, path, query, None, timeout=timeout)
+        raw = self._send(method, path, query, None, timeout=timeout, stream=True)
         if not 200 <= int(raw.status) < 300:
             try:
                 data = raw.data
@@ -176,6 +181,7 @@ class KubeHTTP:
         *,
         content_type: str = "application/json",
         timeout: Timeout,
+        stream: bool = False,
     ) -> Any:
         headers = {"Accept": "application/json"}
         payload: bytes | None = None
@@ -186,15 +192,26 @@ class KubeHTTP:
             elif isinstance(body, str):
                 payload = body.encode()
             else:
-                payload = json.dumps(body, separators=(",", ":")).encode()
+                payload = json.dumps(body, separators=(",", ":"), default=_jsonable).encode()
         items = list(query.items()) if isinstance(query, Mapping) else list(query or ())
         target = f"{path}?{urlencode(items)}" if items else path
         try:
+            if stream:
+                return self.backend.send(method, target, headers, payload, _timeout(timeout),
+                                         stream=True)
             return self.backend.send(method, target, headers, payload, _timeout(timeout))
         except KubeAPIError:
             raise
         except Exception as err:  # urllib3/socket/ssl errors: no HTTP answer at all
             raise no_answer(method, path, err, server=self.server) from err
+
+
+def _jsonable(value: Any) -> Any:
+    """What ``json`` cannot encode by itself: any other mapping (a driver's read-only view,
+    say) as a dict. Called only for such values, so plain dicts cost nothing."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _release(raw: Any) -> None:

@@ -25,17 +25,23 @@ def fingerprint(value: Any) -> str:
 
 @dataclass
 class PoolState:
-    """One desired pool plus what the worker computed about it."""
+    """One desired pool plus what the worker computed about it.
+
+    The state is replaced, never edited, on update: what is computed from it is computed
+    once. The fingerprints only serve the rarer paths (a pool refused or invalid, fields the
+    server dropped), so they are computed when first asked for, not on every publish: for
+    2,048 devices they cost as much as validating them.
+    """
 
     pool: DesiredPool
     model: Pool
     checked: bool = False
-    fingerprint: str = ""
-    slice_fingerprints: tuple[str, ...] = ()
     problems: list[Problem] = field(default_factory=list)
+    _slice_fingerprints: tuple[str, ...] | None = field(default=None, repr=False)
+    _fingerprint: str | None = field(default=None, repr=False)
 
     def check(self, driver: str) -> list[Problem]:
-        """Validate and fingerprint once; the state is replaced, never edited, on update."""
+        """Validate once."""
         if not self.checked:
             self.problems = validate_pool(driver, self.pool.name, self.model)
             if not self.pool.has_node_selection:
@@ -44,15 +50,27 @@ class PoolState:
                     "no node selection: without a Node owner the pool needs a node_selector "
                     "or all_nodes (allNodes is never implied)",
                 ))
-            self.slice_fingerprints = tuple(
+            self.checked = True
+        return self.problems
+
+    @property
+    def slice_fingerprints(self) -> tuple[str, ...]:
+        """One fingerprint per desired slice: its devices and counter sets."""
+        if self._slice_fingerprints is None:
+            self._slice_fingerprints = tuple(
                 fingerprint([s.devices, s.shared_counters]) for s in self.pool.slices
             )
-            self.fingerprint = fingerprint(
+        return self._slice_fingerprints
+
+    @property
+    def fingerprint(self) -> str:
+        """The whole pool's content: node selection, generation floor and every slice."""
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(
                 [self.pool.node_selector, self.pool.all_nodes, self.pool.generation,
                  list(self.slice_fingerprints)]
             )
-            self.checked = True
-        return self.problems
+        return self._fingerprint
 
 
 AcceptedContent = dict[tuple[str, int, str], SliceContent]
@@ -64,6 +82,8 @@ def effective(state: PoolState, accepted: AcceptedContent) -> DesiredPool:
     Comparing against what the server can store (instead of what we asked for) is what keeps
     a disabled feature gate from causing an endless update loop.
     """
+    if not any(key[0] == state.pool.name for key in accepted):
+        return state.pool  # nothing was ever dropped from this pool: the common case
     slices = list(state.pool.slices)
     for index, fp in enumerate(state.slice_fingerprints):
         content = accepted.get((state.pool.name, index, fp))

@@ -11,7 +11,7 @@ from typing import Any
 
 from agent.slices.owner import Owner
 from agent.slices.pools import to_desired
-from agent.slices.sync import OwnerRef, plan_pool
+from agent.slices.sync import OwnerRef, plain, plan_pool
 from agent.slices.versions import to_wire
 from discovery.model import DriverResources
 
@@ -31,5 +31,6 @@ def render_slices(
     out: list[dict[str, Any]] = []
     for name, state in sorted(to_desired(resources, owner).items()):
         plan = plan_pool(driver, name, state.pool, [], ref, generation_floor=state.pool.generation)
-        out += [to_wire(create.obj, version) for create in plan.creates]
+        # Plain copies: the plan shares the driver's mappings, and YAML needs dicts and lists.
+        out += [plain(to_wire(create.obj, version)) for create in plan.creates]
     return out

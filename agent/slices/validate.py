@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from agent.common.k8snames import dns_label_problem, dns_subdomain_problem
@@ -44,6 +45,7 @@ _SEMVER = re.compile(
 )
 _SCALAR_KINDS = ("int", "bool", "string", "version")
 _LIST_KINDS = ("ints", "bools", "strings", "versions")
+_LIST_KIND_SET = frozenset(_LIST_KINDS)
 _TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
 
 
@@ -91,6 +93,8 @@ def pool_name_problem(name: str) -> str | None:
     return None
 
 
+# Pure, and memoised: every device of a node repeats the same few attribute names.
+@lru_cache(maxsize=4096)
 def qualified_name_problem(name: str) -> str | None:
     """``<C identifier>`` or ``<domain>/<C identifier>``, identifier at most 32 characters."""
     domain, _, ident = name.rpartition("/")
@@ -201,11 +205,19 @@ def _slice_problems(
 
 
 def is_restricted(device: Mapping[str, Any]) -> bool:
+    """Whether the device has taints, counter consumption or a list-valued attribute."""
+    if device.get("taints") or device.get("consumesCounters"):
+        return True
     attrs = device.get("attributes")
-    has_list = isinstance(attrs, Mapping) and any(
-        isinstance(v, Mapping) and any(k in v for k in _LIST_KINDS) for v in attrs.values()
-    )
-    return bool(device.get("taints")) or bool(device.get("consumesCounters")) or has_list
+    if not isinstance(attrs, Mapping):
+        return False
+    # Runs twice per device on every publish (chunking, validation): ``type() is dict``
+    # spares the ABC isinstance for the common case, isdisjoint looks up the four keys in C.
+    for value in attrs.values():
+        if (type(value) is dict or isinstance(value, Mapping)) \
+                and not _LIST_KIND_SET.isdisjoint(value.keys()):
+            return True
+    return False
 
 
 def _counter_set_problems(path: str, cs: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
@@ -247,6 +259,11 @@ def _device_problems(
         )
     values = 0
     for key, attr in attrs.items():
+        # A plain string key with a valid scalar value is all but every attribute: counted
+        # without building its path or a problem list.
+        if type(key) is str and qualified_name_problem(key) is None and _plain_scalar(attr):
+            values += 1
+            continue
         apath = f"{path}.attributes[{key!r}]"
         if problem := qualified_name_problem(key):
             yield apath, problem
@@ -273,6 +290,21 @@ def _device_problems(
             yield f"{path}.{field}", (
                 f"must have at most {MAX_BINDING_CONDITIONS} items, has {len(conditions)}"
             )
+
+
+def _plain_scalar(attr: object) -> bool:
+    """Whether ``attr`` is a dict of one valid scalar int, bool or string: the shape nearly
+    every attribute has, for which ``_attribute_problems`` would say (1, [])."""
+    if type(attr) is not dict or len(attr) != 1:
+        return False
+    ((kind, value),) = attr.items()
+    if kind == "string":
+        return type(value) is str and len(value) <= MAX_STRING
+    if kind == "int":
+        return type(value) is int
+    if kind == "bool":
+        return type(value) is bool
+    return False
 
 
 def _attribute_problems(attr: object) -> tuple[int, list[str]]:

@@ -22,6 +22,7 @@ class Seen:
     headers: dict[str, str]
     body: bytes
     client_cn: str | None
+    client_port: int = 0  # which connection it came on
 
 
 @dataclass
@@ -69,7 +70,8 @@ def _handler(server: EchoServer) -> type[BaseHTTPRequestHandler]:
                     if key == "commonName":
                         cn = value
             server.seen.append(Seen(self.command, self.path,
-                                    {k.lower(): v for k, v in self.headers.items()}, body, cn))
+                                    {k.lower(): v for k, v in self.headers.items()}, body, cn,
+                                    int(self.client_address[1])))
             answer = server.answers.pop(0) if server.answers else Answer()
             self.send_response(answer.status)
             self.send_header("Content-Type", answer.content_type)

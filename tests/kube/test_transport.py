@@ -165,3 +165,38 @@ def _creds(echo: EchoServer):  # type: ignore[no-untyped-def]
     from agent.kube.credentials import Credentials
 
     return Credentials(server=echo.url(), token="t")
+
+
+def test_a_watch_does_not_take_the_connection_requests_reuse(echo: EchoServer) -> None:
+    # From one shared pool the stream would take the warm connection, and the request after
+    # it (a publish's first write) would pay a new handshake.
+    http = KubeHTTP(LeanBackend(_creds(echo)))
+    http.request("GET", "/before")
+    lines = http.stream("GET", "/watch")  # held open, as a watch is
+    http.request("GET", "/after")
+    lines.close()
+    before, watch, after = echo.seen
+    assert after.client_port == before.client_port != watch.client_port
+
+
+def test_bodies_encode_any_mapping() -> None:
+    from types import MappingProxyType
+
+    sent: list[bytes | None] = []
+
+    class Recorder:
+        server = "http://recorder"
+
+        def send(self, method: str, path: str, headers: dict[str, str], body: bytes | None,
+                 timeout: object) -> object:
+            sent.append(body)
+            raise ConnectionError("recorded only")
+
+        def close(self) -> None:
+            pass
+
+    with pytest.raises(KubeAPIError):
+        KubeHTTP(Recorder()).request("POST", "/x", body={"d": (MappingProxyType({"a": 1}),)})
+    assert sent == [b'{"d":[{"a":1}]}']
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        KubeHTTP(Recorder()).request("POST", "/x", body={"d": object()})
