@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import stat
 import threading
 import time
@@ -242,8 +243,6 @@ class CheckpointStore:
             self._lock_path, OSError(errno.EINVAL, "the lock path is not a regular file"))
 
     def _lock_aside(self, what: str) -> None:
-        import secrets  # a corrupt lock only: hmac, hashlib and random stay out of the start
-
         copy = self._lock_path.with_name(
             f"{self._lock_path.name}.corrupt-{int(self._clock())}-{secrets.token_hex(4)}")
         with contextlib.suppress(FileNotFoundError):  # the other instance moved it first
