@@ -101,9 +101,16 @@ def _health_options(kwargs: dict[str, Any]) -> HealthOptions | None:
 def command(**kwargs: Any) -> None:
     """Run the agent: discover, publish ResourceSlices, serve the kubelet."""
     # No collection while the start loads about 600 modules and builds their classes: each
-    # pass would walk every object made so far and free nothing (3% of the instructions until
-    # registration). Collected and frozen once started, below.
+    # pass would walk every object made so far and free nothing (2-3% of the instructions
+    # until registration). Daemon.run collects, freezes and resumes it once started.
     gc.disable()
+    try:
+        _run(kwargs)
+    finally:
+        gc.enable()
+
+
+def _run(kwargs: dict[str, Any]) -> None:
     from agent.daemon import Daemon, DaemonError, RunOptions
 
     os.umask(0o077)  # what the agent creates (plugin dir, checkpoint, specs) is root's only
@@ -134,19 +141,8 @@ def command(**kwargs: Any) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        daemon.start()
+        code = daemon.run()
     except DaemonError as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(1)
-    finally:
-        _collect_once_started()
-    sys.exit(daemon.run_until_stopped())
-
-
-def _collect_once_started() -> None:
-    """The start's garbage collected, then what is left (the modules, their classes, the
-    daemon's parts: there for the process's life) moved out of the collector's generations,
-    so that no later pass walks it again; the collector runs as usual from here."""
-    gc.collect()
-    gc.freeze()
-    gc.enable()
+    sys.exit(code)

@@ -23,6 +23,7 @@ Stop order is the reverse. ResourceSlices are kept on purpose: the kubelet wipes
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -53,6 +54,15 @@ if TYPE_CHECKING:  # the slices and the HTTP endpoint load after registration
     from agent.slices import Controller
 
 log = logging.getLogger("agent.daemon")
+
+
+def _collect_once_started() -> None:
+    """The start's garbage collected, then what is left (the modules, their classes, the
+    daemon's parts: there for the process's life) moved out of the collector's generations,
+    so that no later pass walks it again; the collector runs as usual from here."""
+    gc.collect()
+    gc.freeze()
+    gc.enable()
 
 
 class Daemon:
@@ -363,6 +373,8 @@ class Daemon:
     def run(self) -> int:
         """Start, then wait for a stop request or a dead background thread; return exit code."""
         self.start()
+        if not gc.isenabled():  # paused for the start (``dra-agent run``)
+            _collect_once_started()
         return self.run_until_stopped()
 
     def run_until_stopped(self) -> int:
