@@ -56,15 +56,6 @@ if TYPE_CHECKING:  # the slices and the HTTP endpoint load after registration
 log = logging.getLogger("agent.daemon")
 
 
-def _collect_once_started() -> None:
-    """The start's garbage collected, then what is left (the modules, their classes, the
-    daemon's parts: there for the process's life) moved out of the collector's generations,
-    so that no later pass walks it again; the collector runs as usual from here."""
-    gc.collect()
-    gc.freeze()
-    gc.enable()
-
-
 class Daemon:
     """One running agent. ``run()`` blocks until ``request_stop()`` or a fatal error."""
 
@@ -373,8 +364,10 @@ class Daemon:
     def run(self) -> int:
         """Start, then wait for a stop request or a dead background thread; return exit code."""
         self.start()
-        if not gc.isenabled():  # paused for the start (``dra-agent run``)
-            _collect_once_started()
+        if not gc.isenabled():  # paused for the start (``dra-agent run``): its garbage
+            gc.collect()  # freed, and what is left (modules, classes, our parts: there for
+            gc.freeze()  # the process's life) out of the generations no later pass walks
+            gc.enable()
         return self.run_until_stopped()
 
     def run_until_stopped(self) -> int:
