@@ -8,7 +8,6 @@ naming the flag or the file.
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
@@ -194,6 +193,8 @@ def _load_file(path: Path, extra_keys: frozenset[str] = frozenset(),
         name = aliases.get(name, name)
         if name not in known:
             spellings = sorted({k.replace("_", "-") for k in known | set(aliases)})
+            import difflib  # only for a misspelt key
+
             near = difflib.get_close_matches(str(key).replace("_", "-"), spellings, n=1)
             hint = f"; did you mean {near[0]}?" if near else ""
             raise ConfigError(f"config file {path}: unknown key {str(key)[:60]!r}{hint} "

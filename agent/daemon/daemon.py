@@ -23,6 +23,7 @@ Stop order is the reverse. ResourceSlices are kept on purpose: the kubelet wipes
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -363,6 +364,10 @@ class Daemon:
     def run(self) -> int:
         """Start, then wait for a stop request or a dead background thread; return exit code."""
         self.start()
+        if not gc.isenabled():  # paused for the start (``dra-agent run``): its garbage
+            gc.collect()  # freed, and what is left (modules, classes, our parts: there for
+            gc.freeze()  # the process's life) out of the generations no later pass walks
+            gc.enable()
         return self.run_until_stopped()
 
     def run_until_stopped(self) -> int:

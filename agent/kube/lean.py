@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -163,6 +162,8 @@ class LeanBackend:
             else:
                 assert creds.cert_data is not None
                 # ssl only loads key pairs from files: a private directory, removed at once.
+                import tempfile  # inline key pairs only (random, shutil's archivers)
+
                 with tempfile.TemporaryDirectory(prefix="dra-agent-tls-") as tmp:
                     cert, key = Path(tmp, "cert.pem"), Path(tmp, "key.pem")
                     cert.write_bytes(creds.cert_data)

@@ -16,7 +16,6 @@ half-copied one.
 
 from __future__ import annotations
 
-import compileall
 import json
 import os
 import shutil
@@ -111,6 +110,8 @@ def install(dest: Path) -> HookLaunch:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(real, target)
         _copy_links(real, target)
+    import compileall  # installing only: py_compile and filecmp stay out of the daemon's start
+
     compileall.compile_dir(str(staging), quiet=1, optimize=0)
     root = dest / "root"
     old = dest / f".old.{os.getpid()}"

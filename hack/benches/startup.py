@@ -69,8 +69,9 @@ def _cpu_s(pid: int) -> float:
 def node_layout_wrap(tree: Path) -> list[str]:
     """An ``AgentProcess`` prefix that runs its command through ``hack.benches.nodestart``
     over ``tree`` (the interpreter and every argument after ``-m agent.cli`` kept)."""
-    return ["sh", "-c", f'p="$1"; shift 3; exec "$p" -m hack.benches.nodestart {tree} "$@"',
-            "sh"]
+    # The file, not ``-m hack.benches.nodestart``: the benchmarks' package stays out of the start.
+    script = Path(__file__).resolve().with_name("nodestart.py")
+    return ["sh", "-c", f'p="$1"; shift 3; exec "$p" {script} {tree} "$@"', "sh"]
 
 
 def measure_once(tree: Path | None = None) -> tuple[float, float, int, str, float]:

