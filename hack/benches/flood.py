@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from hack.benches import Figure
+from hack.benches.plugin import NODE  # the claims' pool: the node prepare_options names
 
 DRIVER = "dra-agent.io"
-NODE = "flood-node"
 GET_S = 0.05
 LIMIT_MIB = 512  # deploy/base/daemonset.yaml resources.limits.memory
 STREAMS = 16
