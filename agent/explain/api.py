@@ -8,8 +8,10 @@ that fits, its allocation (``agent.explain.allocation``).
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -107,6 +109,42 @@ def explain_pod(
     """``explain`` for all claims of one pod at once, as the scheduler allocates them: one
     search over the claims in order, backtracking into an earlier claim when a later one does
     not fit; a device one claim takes is in use for the next (admin access: within a claim)."""
+    with _collector_paused():
+        return _explain_pod(claims, classes, slices, node_name, allocated,
+                            node_labels=node_labels, share_ids=share_ids,
+                            feature_gates=feature_gates, kubernetes_version=kubernetes_version,
+                            timeout_s=timeout_s, clock=clock)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic collection while one explain runs: it builds tens of thousands of objects
+    that all live until it returns (devices, entries, verdicts) and makes no garbage cycles,
+    so each pass the allocations trigger walks them, and the caller's parsed input, and frees
+    nothing (a 2,048-device explain: 290 M instructions, about 8% of them the collector's)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _explain_pod(
+    claims: Sequence[Mapping[str, Any] | Doc],
+    classes: Sequence[Mapping[str, Any] | Doc],
+    slices: Sequence[Mapping[str, Any] | Doc],
+    node_name: str,
+    allocated: Sequence[Mapping[str, Any] | Doc],
+    *,
+    node_labels: Mapping[str, str] | None,
+    share_ids: Callable[[], str] | None,
+    feature_gates: Features | Mapping[str, bool] | str | None,
+    kubernetes_version: str,
+    timeout_s: float | None,
+    clock: Callable[[], float],
+) -> PodExplainResult:
     t0 = time.perf_counter()
     features = resolve(feature_gates, kubernetes_version)
     behaviour = release(kubernetes_version)
