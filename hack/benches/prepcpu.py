@@ -123,6 +123,8 @@ def main() -> None:
                     help="name[@repo][:K=V,...]; default: one, 'ours'")
     ap.add_argument("--gpu-only", action="store_true")
     ap.add_argument("--threads", action="store_true", help="every thread, not the groups")
+    ap.add_argument("--gets", type=int, default=0,
+                    help="also: CPU of this many claim GETs through the agent's KubeHTTP")
     args = ap.parse_args()
 
     import tests.e2e.harness as harness
@@ -238,11 +240,6 @@ def main() -> None:
                     cycle(who, i)
             time.sleep(1)
             names = {who: python_names(pid) for who, (_, pid, _, _) in drivers.items()}
-            rest: dict[str, dict[int, tuple[str, int]]] = {}
-            for who, (_, pid, _, _) in drivers.items():
-                r0 = threads(pid)
-                time.sleep(args.rest)
-                rest[who] = delta(r0, threads(pid))
             busy: dict[str, dict[int, tuple[str, int]]] = {w: {} for w in drivers}
             busy_s = dict.fromkeys(drivers, 0.0)
             blocks = max(1, args.pairs // args.block)
@@ -267,10 +264,24 @@ def main() -> None:
                         attached.wait(60)
                         attached = None
             pairs = blocks * args.block
+            # At rest after the calls, twice, each thread's lesser window: a start-up's or a
+            # resync's burst in one window is not rest.
+            rest: dict[str, dict[int, tuple[str, int]]] = {}
+            for who, (_, pid, _, _) in drivers.items():
+                windows = []
+                for _ in range(2):
+                    r0 = threads(pid)
+                    time.sleep(args.rest / 2)
+                    windows.append(delta(r0, threads(pid)))
+                rest[who] = {tid: (comm, 2 * min(ns, windows[1].get(tid, (comm, ns))[1]))
+                             for tid, (comm, ns) in windows[0].items()}
             if args.threads:
                 for who in drivers:
                     table(who, rest[who], args.rest, busy[who], busy_s[who], pairs, names[who])
             summary(drivers, rest, args.rest, busy, busy_s, pairs, names)
+            if args.gets:
+                get_cost(str(cluster.node_kubeconfig("node-cpu-0")), drivers[variants[0].name][3],
+                         args.gets)
         finally:
             for s in standins:
                 s.__exit__(None, None, None)
@@ -279,6 +290,34 @@ def main() -> None:
                 p.wait(10)
             for a in agents:
                 a.terminate()
+
+
+def get_cost(kubeconfig: str, refs: list[Any], n: int) -> None:
+    """This thread's CPU per claim GET through the agent's own client (``APIClaimSource``
+    on ``agent.kube``'s lean client), the GET a prepare makes, and per JSON parse of it."""
+    import json
+
+    from agent.claim.model import ClaimRef
+    from agent.kube.client import api_client
+    from agent.plugin.apiclaims import APIClaimSource
+
+    client = api_client(kubeconfig)
+    assert client is not None
+    source = APIClaimSource(client)
+    own = [ClaimRef(r.namespace, r.name, r.uid) for r in refs]
+    for ref in own:
+        source.get(ref)
+    start = time.thread_time()
+    for i in range(n):
+        source.get(own[i % len(own)])
+    per = (time.thread_time() - start) / n
+    body = json.dumps(source.get(own[0]))
+    start = time.thread_time()
+    for _ in range(n):
+        json.loads(body)
+    parse = (time.thread_time() - start) / n
+    print(f"\nclaim GET through agent.kube: {per * 1e6:.0f} us of CPU each (of which the "
+          f"JSON parse {parse * 1e6:.0f} us, {len(body)} bytes)")
 
 
 def summary(drivers: Any, rest: Any, rest_s: float, busy: Any, busy_s: Any, pairs: int,
