@@ -141,6 +141,22 @@ def test_logfmt_one_line_with_fields_quoted_when_needed() -> None:
     assert "level=info" in line and "logger=agent.plugin" in line
 
 
+def test_logfmt_quotes_each_special_character_and_times_each_record() -> None:
+    fmt = LogfmtFormatter()
+    for value in ("a b", "a=b", 'a"b', "a\\b", "a\nb", "a\tb", ""):
+        assert f"v={json.dumps(value)}" in fmt.format(_record("m", v=value)), value
+    assert "v=3 " in fmt.format(_record("m", v=3, w=Path("/x"))) + " "
+    first, second = _record("m"), _record("m")
+    first.created, first.msecs = 0.25, 250
+    second.created, second.msecs = 61.5, 500  # another second than the one formatted last
+    assert fmt.format(first).startswith("time=1970-01-01T00:00:00.250Z ")
+    assert fmt.format(second).startswith("time=1970-01-01T00:01:01.500Z ")
+    assert fmt.format(first).startswith("time=1970-01-01T00:00:00.250Z ")
+    warning = _record("m")
+    warning.levelno, warning.levelname = logging.WARNING, "WARNING"
+    assert "level=warning" in fmt.format(warning)
+
+
 def test_json_log_is_one_object_per_line() -> None:
     line = JsonFormatter().format(_record("prepared", claim="u", count=3, ok=True, path=Path("/x")))
     obj = json.loads(line)

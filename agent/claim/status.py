@@ -20,7 +20,13 @@ How it is written, and why:
   device, cause) and counted (``dra_agent_claim_status_errors``). Credentials that may not
   write claim status (403: the node authorizer or RBAC without ``resourceclaims/status`` and,
   since 1.36, ``resourceclaims/driver`` ``associated-node:patch``) are reported in one log line;
-  later refusals are only counted, until a write succeeds again.
+  later refusals are only counted, until a write succeeds again. After a refusal for want of
+  permission the writes rest for ``FORBIDDEN_HOLD_S`` (each skipped one counted as a
+  refusal, the claim not marked reported, so its next prepare tries again): such a refusal
+  is the identity's, not the claim's (the claim was just read with the same credentials), so
+  the next claim's write would be refused too, and each refused write cost a request to the
+  API server and about 1.4 ms of the agent's CPU (a node's own credentials, in
+  ``hack.bench vs-upstream``, may never write claim status).
 * **Versions**: the version the claim was read with first, then ``v1``, ``v1beta2``,
   ``v1beta1`` (the shape of ``status.devices`` is the same in all three); a 404 that is not
   about the claim (or a 405) moves on to the next version and the answer is remembered.
@@ -47,6 +53,9 @@ log = logging.getLogger(__name__)
 #: resource.k8s.io versions tried in order; the parts a node plugin reads are the same in all.
 READY_REASON = "Prepared"
 _GROUP = "resource.k8s.io"
+#: Seconds without status writes after one was refused for want of permission: a granted
+#: permission is seen within this long; until then the refusals are counted, not sent.
+FORBIDDEN_HOLD_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +180,8 @@ class ClaimStatusWriter:
         field_manager: str | None = None,
         timeout_s: float = 5.0,
         now: Callable[[], str] = _rfc3339_now,
+        forbidden_hold_s: float = FORBIDDEN_HOLD_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._http = http
         self.driver = driver
@@ -183,6 +194,11 @@ class ClaimStatusWriter:
         self._versions = ServedVersions(versions, probe=discovery_probe(self._http))
         self._lock = threading.Lock()
         self._forbidden_logged = False
+        self._forbidden_hold_s = forbidden_hold_s
+        self._clock = clock
+        #: ``clock()`` until which writes are not sent: the last one was refused for want
+        #: of permission (0: none was).
+        self._forbidden_until = 0.0
 
     def report(self, claim: Mapping[str, Any], nics: Sequence[NicStatus]) -> bool:
         """Apply our entries for ``claim``; True when written or already current. Never
@@ -194,10 +210,18 @@ class ClaimStatusWriter:
         entries = device_entries(claim, self.driver, self.node_name, nics, self._now)
         if up_to_date(claim, entries):
             return True
+        if self._clock() < self._forbidden_until:
+            # Refused a moment ago for these credentials: this one would be too.
+            self.metrics.claim_status_errors.inc()
+            log.debug("claim status write skipped: refused for want of permission lately",
+                      extra={"claim": label})
+            return False
         try:
             self._apply(claim, entries, label)
         except ClaimStatusError as err:
             self.metrics.claim_status_errors.inc()
+            if err.forbidden:
+                self._forbidden_until = self._clock() + self._forbidden_hold_s
             self._log_failure(err, nics)
             return False
         except Exception as err:  # a bug here must never fail the prepare

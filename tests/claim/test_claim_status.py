@@ -269,3 +269,39 @@ def test_granular_status_refusal_counts_as_forbidden() -> None:
     assert not ClaimStatusWriter._forbidden_field(422, other)
     assert not ClaimStatusWriter._forbidden_field(500, GRANULAR_REFUSAL)
     assert not ClaimStatusWriter._forbidden_field(422, b"not json")
+
+
+def test_after_a_refusal_for_permission_writes_rest_then_resume() -> None:
+    """A 403 is the identity's: the next claims' writes are counted, not sent, for the hold;
+    then one is sent again, and once allowed the writes go on (the skipped claim's next
+    prepare writes it)."""
+    clock = [100.0]
+    metrics = Metrics()
+    with FakeAPIServer() as srv:
+        claims = [srv.put_object(make_claim(f"net{i}", [f"nic-{i}"])) for i in range(3)]
+        writer = ClaimStatusWriter(srv.kube(), DRIVER, NODE, metrics=metrics,
+                                   forbidden_hold_s=30.0, clock=lambda: clock[0])
+
+        def report(i: int) -> bool:
+            return writer.report(claims[i], [NicStatus(NODE, f"nic-{i}")])
+
+        srv.fail_next(1, 403, verb="patch", path_contains="/status")
+        assert not report(0)
+        clock[0] += 29.0
+        assert not report(1)  # skipped: no request
+        assert len(status_writes(srv)) == 1
+        assert metrics.registry.get_sample_value("dra_agent_claim_status_errors_total") == 2
+        clock[0] += 1.0
+        assert report(1) and report(2) and report(0)
+        assert len(status_writes(srv)) == 4
+        assert [status_devices(srv, f"net{i}")[0]["device"] for i in range(3)] == [
+            "nic-0", "nic-1", "nic-2"]
+
+
+def test_a_server_error_does_not_hold_the_writes() -> None:
+    with FakeAPIServer() as srv:
+        claims = [srv.put_object(make_claim(f"net{i}", [f"nic-{i}"])) for i in range(2)]
+        writer = ClaimStatusWriter(srv.kube(), DRIVER, NODE, clock=lambda: 0.0)
+        srv.fail_next(1, 500, verb="patch", path_contains="/status")
+        assert not writer.report(claims[0], [NicStatus(NODE, "nic-0")])
+        assert writer.report(claims[1], [NicStatus(NODE, "nic-1")])
