@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from agent.checkpoint.model import ClaimRecord
 from agent.common.metrics import ClaimDevice, Metrics
@@ -16,14 +16,17 @@ from agent.common.metrics import ClaimDevice, Metrics
 def update_gauges(metrics: Metrics, claims: Mapping[str, ClaimRecord]) -> None:
     metrics.prepared_claims.set(len(claims))
     metrics.prepared_devices.set(sum(len(r.devices) for r in claims.values()))
-    metrics.claim_devices.set(
-        ClaimDevice(
-            namespace=r.namespace, claim=r.name, pool=d.pool, device=d.device,
-            uuid=d.uuid or "", pci_bus_id=d.pci_address or "", ifname=d.if_name or "",
-        )
-        for _, r in sorted(claims.items())
-        for d in r.devices
-    )
+    snapshot = dict(claims)  # the records are frozen; the mapping may be the caller's own
+
+    def devices() -> Iterator[ClaimDevice]:
+        for _, r in sorted(snapshot.items()):
+            for d in r.devices:
+                yield ClaimDevice(
+                    namespace=r.namespace, claim=r.name, pool=d.pool, device=d.device,
+                    uuid=d.uuid or "", pci_bus_id=d.pci_address or "", ifname=d.if_name or "",
+                )
+
+    metrics.claim_devices.set_source(devices)
 
 
 #: The records as one checkpoint change left them, numbered in the order the changes ran.

@@ -66,3 +66,22 @@ def test_prometheus_client_is_not_loaded_until_bound() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout.split()
     assert out == ["False", "True", "2.0"]
+
+
+def test_claim_devices_from_a_source_render_at_the_scrape_only() -> None:
+    m = Metrics()
+    calls: list[int] = []
+
+    def source() -> list[ClaimDevice]:
+        calls.append(1)
+        return [ClaimDevice("ns", "c", "p", "gpu-0", uuid="GPU-1"),
+                ClaimDevice("ns", "c", "p", "gpu-0", uuid="GPU-1")]
+
+    m.claim_devices.set_source(source)
+    m.claim_devices.set_source(source)  # a later change replaces it: never rendered twice
+    assert calls == []
+    assert m.claim_devices.rows() == (("ns", "c", "p", "gpu-0", "GPU-1", "", ""),)
+    assert m.claim_devices.rows() == (("ns", "c", "p", "gpu-0", "GPU-1", "", ""),)
+    assert calls == [1]
+    m.claim_devices.set([])
+    assert m.claim_devices.rows() == ()
