@@ -45,6 +45,11 @@ def sources(cfg: Config, cleanups: list[Callable[[], None]]) -> Sources:
     cleanup ``cleanups`` gains)."""
     if cfg.simulate:
         from discovery.simulate import scratch_dir, simulated_sources  # --simulate only
+        from discovery.simulate.profiles import PROFILES
+
+        if cfg.simulate not in PROFILES:  # bad input: one line, not "a bug"
+            raise DaemonError(f"--simulate: unknown profile {cfg.simulate!r}; known: "
+                              f"{', '.join(sorted(PROFILES))}")
 
         tmp = scratch_dir()
         cleanups.append(tmp.cleanup)

@@ -118,9 +118,10 @@ def plugin_server(
     health_servicer: HealthServicer | None = None, failpoints: Failpoints | None = None,
     gpu_control: GpuControl | None = None, mig: MigPartitions | None = None,
     sriov: SriovControl | None = None, rescan: Callable[[], Inventory] | None = None,
-    mps_control: MpsControl | None = None,
+    mps_control: MpsControl | None = None, sockets: ServedSockets | None = None,
 ) -> PluginServer:
-    """The kubelet plugin around this node's preparer: what ``dra-agent run`` serves."""
+    """The kubelet plugin around this node's preparer: what ``dra-agent run`` serves;
+    ``sockets``: served already, opened by the plugin's start."""
     metrics = metrics or Metrics()
     ordered = effects(inventory, metadata=claim_metadata(prepare),
                       mps_pipe_dir=prepare.mps_pipe_dir, gpu_control=gpu_control, mig=mig,
@@ -128,7 +129,8 @@ def plugin_server(
                       mps_control=mps_control, netdev=netdev_effect(prepare, inventory))
     return PluginServer(plugin, preparer(prepare, inventory, edits, ordered, metrics=metrics,
                                          failpoints=failpoints),
-                        claims, metrics, health_servicer=health_servicer, failpoints=failpoints)
+                        claims, metrics, health_servicer=health_servicer, failpoints=failpoints,
+                        sockets=sockets)
 
 
 def node_plugin(
