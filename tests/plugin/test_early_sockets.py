@@ -59,7 +59,7 @@ def sockets(short_root: Path) -> Iterator[ServedSockets]:
 
 
 def _plugin(root: Path, sockets: ServedSockets, book: ClaimBook, **kwargs: Any) -> PluginServer:
-    options, prepare = node_options(root)
+    _, prepare = node_options(root)
     inventory = Inventory(devices=tuple(gpu(i) for i in range(2)))
     return plugin_server(sockets.options, prepare, lambda: inventory, NodeEdits(), book,
                          metrics=Metrics(), sockets=sockets, **kwargs)
