@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from agent.common.config import Config
-from agent.daemon import Daemon, RunOptions, daemon as daemon_module, probes
+from agent.daemon import Daemon, RunOptions, probes
+from agent.daemon import daemon as daemon_module
 from tests.conftest import REPO
 from tests.e2e.harness import NODE, AgentProcess, NodeDirs
 from tests.fakes.apiserver import FakeAPIServer
