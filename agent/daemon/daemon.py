@@ -44,7 +44,7 @@ from agent.checkpoint.store import CheckpointStore
 from agent.common.config import Config
 from agent.common.metrics import Metrics
 from agent.daemon import early, machine, probes, wiring
-from agent.daemon.options import DaemonError, RunOptions
+from agent.daemon.options import DaemonError, RunOptions, StoppedWhileStarting
 from agent.health import HealthMonitor, HealthServicer
 from agent.health.model import DeviceHealth
 from agent.inventory import discovery_options
@@ -131,14 +131,8 @@ class Daemon:
 
     def _record_devices(self, inventory: Inventory) -> None:
         """dra_agent_devices{type, health}: health is healthy, unhealthy or unmonitored."""
-        states = {n: str(h.state) for n, h in self.health.snapshot().items()} \
-            if self.health is not None else {}
-        counts: dict[tuple[str, str], int] = {}
-        for device in inventory.devices:
-            key = (str(device.type), states.get(device.name, "healthy"))
-            counts[key] = counts.get(key, 0) + 1
         self.metrics.devices.clear()
-        for (kind, health), n in counts.items():
+        for (kind, health), n in probes.device_counts(inventory, self.health).items():
             self.metrics.devices.labels(type=kind, health=health).set(n)
 
     # -- start ---------------------------------------------------------------------------
@@ -242,6 +236,8 @@ class Daemon:
                                        "devices": len(self.inventory.devices)})
 
     def _start_health(self, sources: Sources) -> HealthMonitor | None:
+        if self.stop_event.is_set():  # the monitor (and the rest) would only stop at once
+            raise StoppedWhileStarting
         if self.options.health is None:
             log.info("device health monitoring off")
             return None
@@ -365,7 +361,11 @@ class Daemon:
 
     def run(self) -> int:
         """Start, then wait for a stop request or a dead background thread; return exit code."""
-        self.start()
+        try:
+            self.start()
+        except StoppedWhileStarting:  # a signal came first: undone by start, a clean stop
+            self._announce_stop()
+            return 0
         if not gc.isenabled():  # paused for the start (``dra-agent run``): its garbage
             gc.collect()  # freed, and what is left (modules, classes, our parts: there for
             gc.freeze()  # the process's life) out of the generations no later pass walks

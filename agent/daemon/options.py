@@ -17,6 +17,10 @@ class DaemonError(RuntimeError):
     """The agent cannot start or a vital part of it died; the message says which and why."""
 
 
+class StoppedWhileStarting(Exception):  # noqa: N818 (a stop request, not an error)
+    """A stop was requested while the daemon was starting: the start ends, undone."""
+
+
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """Options of ``dra-agent run`` beyond the shared Config."""

@@ -136,3 +136,13 @@ def test_a_running_agent_never_loads_asyncio_or_grpc_aio(node: tuple[NodeDirs, s
     imported = {m.group(1) for m in re.finditer(r"^import time:.*\|\s*(\S+)$", logs, re.M)}
     assert {"asyncio", "grpc.aio"} <= imported
     assert not {m for m in imported if m.startswith(("asyncio.", "grpc.aio."))}
+
+
+def test_a_stop_while_the_rest_loads_is_a_clean_stop(node: tuple[NodeDirs, str]) -> None:
+    dirs, kubeconfig = node
+    agent = AgentProcess(dirs, kubeconfig)
+    registration = dirs.registry / f"{DRIVER}-reg.sock"
+    wait_for(registration.exists, timeout=30, interval=0.005, what="the registration socket")
+    assert agent.terminate() == 0, agent.logs()  # served, the daemon still loading or starting
+    assert "Traceback" not in agent.logs() and "error" not in agent.logs()
+    assert not list(dirs.kubelet.rglob("*.sock"))
