@@ -157,15 +157,14 @@ def _run(kwargs: dict[str, Any]) -> None:
     try:
         sockets = early.serve(cfg, options)
         try:
-            from agent.daemon.daemon import Daemon
+            import agent.daemon  # its Daemon loads here, once the sockets answer
 
-            daemon = Daemon(cfg, options, sockets=sockets)
-        except BaseException:
-            sockets.stop(0)
-            raise
-        if stops:
-            daemon.request_stop(stops[0])
-        code = daemon.run()
+            daemon = agent.daemon.Daemon(cfg, options, sockets=sockets)
+            if stops:
+                daemon.request_stop(stops[0])
+            code = daemon.run()
+        finally:
+            sockets.stop(0)  # the daemon's stop removed them already; whatever ended it
     except DaemonError as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(1)

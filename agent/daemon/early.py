@@ -24,8 +24,8 @@ def plugin_options(cfg: Config, run: RunOptions) -> PluginOptions:
 def serve(cfg: Config, run: RunOptions) -> ServedSockets:
     """Take the instance lock and serve both sockets; calls wait until the daemon opens
     them. A socket or lock that cannot be used is a ``DaemonError``, nothing left behind."""
-    sockets = ServedSockets(plugin_options(cfg, run), health=run.health is not None)
     try:
+        sockets = ServedSockets(plugin_options(cfg, run), health=run.health is not None)
         sockets.start()
     except SocketError as err:  # AlreadyRunningError included
         raise DaemonError(str(err)) from err
