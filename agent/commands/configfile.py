@@ -24,8 +24,6 @@ from agent.common.config import (
     Config,
     default_node_name,
 )
-from discovery.sharing import SharingMode, parse_sharing_list
-from discovery.vfs import parse_vf_rate, rate_quantity
 
 #: A config file is a few lines; anything bigger is the wrong file (a log, a disk image).
 MAX_CONFIG_BYTES = 1 << 20
@@ -67,11 +65,17 @@ def _vf_mode(value: Any) -> str:
 
 
 def _vf_bandwidth(value: Any) -> str:
+    # Lazy, as below: discovery's parsers load only for a value given (``dra-agent run`` serves
+    # the kubelet's sockets right after its options are read).
+    from discovery.vfs import parse_vf_rate, rate_quantity
+
     return rate_quantity(parse_vf_rate(_text(value)))
 
 
 def _sharing(value: Any) -> tuple[str, ...]:
     """Each mode in the spelling discovery prints (and parses back): Config holds text."""
+    from discovery.sharing import SharingMode, parse_sharing_list
+
     if isinstance(value, SharingMode):
         return (str(value),)
     if isinstance(value, (list, tuple)):

@@ -21,6 +21,7 @@ from agent.commands.options import common_options, pop_config
 from agent.common.logs import setup_logging
 
 if TYPE_CHECKING:
+    from agent.daemon.daemon import Daemon
     from agent.health import HealthOptions
 
 #: Exit code of a second signal: the conventional 128 + SIGINT.
@@ -29,8 +30,9 @@ FORCED_EXIT = 130
 
 def _health_options(kwargs: dict[str, Any]) -> HealthOptions | None:
     # Lazy, as the daemon below: `config example` and `run -h` read this module's options
-    # without loading the agent (half a second: gRPC, NVML, the health monitor).
-    from agent.health import HealthConfigError, HealthOptions, parse_effects, parse_xids
+    # without loading the agent (half a second: gRPC, NVML, the health monitor); the options
+    # alone, not the monitor: they are read before the kubelet's sockets are served.
+    from agent.health.options import HealthConfigError, HealthOptions, parse_effects, parse_xids
 
     if not kwargs["health"]:
         return None
@@ -111,7 +113,12 @@ def command(**kwargs: Any) -> None:
 
 
 def _run(kwargs: dict[str, Any]) -> None:
-    from agent.daemon import Daemon, DaemonError, RunOptions
+    from agent.common.lazyimport import defer
+
+    defer()  # before gRPC loads: the parts of it a sync server never uses wait for a use
+    # The sockets' modules only: the daemon's (discovery, the preparer, the kube client, the
+    # health monitor) load once the kubelet can register us (agent/daemon/daemon.py).
+    from agent.daemon import DaemonError, RunOptions, early
 
     os.umask(0o077)  # what the agent creates (plugin dir, checkpoint, specs) is root's only
     cfg = pop_config(kwargs)
@@ -122,7 +129,7 @@ def _run(kwargs: dict[str, Any]) -> None:
     setup_logging(cfg.log_format, cfg.verbosity + 1)
     if rolling_update and not pod_uid:
         raise click.UsageError("--rolling-update needs --pod-uid (or POD_UID)")
-    daemon = Daemon(cfg, RunOptions(
+    options = RunOptions(
         rolling_update=rolling_update, pod_uid=pod_uid,
         shutdown_grace_s=kwargs["shutdown_grace_s"], slow_rescan_s=kwargs["slow_rescan_s"],
         node_addresses=kwargs["node_addresses"], driver_root=Path(kwargs["driver_root"]),
@@ -131,17 +138,33 @@ def _run(kwargs: dict[str, Any]) -> None:
         device_metadata=kwargs["device_metadata"],
         allow_device_plugin_overlap=kwargs["allow_device_plugin_overlap"],
         mps_pipe_dir=Path(kwargs["mps_pipe_dir"]) if kwargs["mps_pipe_dir"] else None,
-    ))
+    )
+    # A signal before the daemon exists (its modules load) is kept for it; a second one
+    # exits at once, as later.
+    stops: list[str] = []
+    daemon: Daemon | None = None
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if daemon.stop_event.is_set():
+        if stops or (daemon is not None and daemon.stop_event.is_set()):
             os._exit(FORCED_EXIT)
-        daemon.request_stop(signal.Signals(signum).name)
+        if daemon is None:
+            stops.append(signal.Signals(signum).name)
+        else:
+            daemon.request_stop(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        code = daemon.run()
+        sockets = early.serve(cfg, options)
+        try:
+            import agent.daemon  # its Daemon loads here, once the sockets answer
+
+            daemon = agent.daemon.Daemon(cfg, options, sockets=sockets)
+            if stops:
+                daemon.request_stop(stops[0])
+            code = daemon.run()
+        finally:
+            sockets.stop(0)  # the daemon's stop removed them already; whatever ended it
     except DaemonError as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(1)

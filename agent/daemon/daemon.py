@@ -1,13 +1,22 @@
 """``dra-agent run``: wires discovery -> controller and the kubelet plugin, plus health/metrics.
 
-Start order is chosen so every promise made to the outside is already true when it is made,
-and so the kubelet's registration is answered before anything it does not need is imported or
-started: discovery first (what to prepare), the device-plugin refusal as far as the node's own
-files tell, the health monitor (the plugin serves its stream), then the plugin (the DRA socket
-serves before the registration socket exists). Only then the metrics (prometheus_client is
-loaded at ``Metrics.bind``), the Node's capacity for the refusal (the first request), the
-ResourceSlice controller and the first publish, hotplug, the HTTP endpoint, and READY=1 to
-systemd. /readyz cannot pass early: it starts last, and its checks wait for the slices.
+The kubelet's two sockets come first (``agent.daemon.early``: the registration answers
+``GetInfo`` while the rest loads), then the kubeconfig read, discovery, the device-plugin
+refusal as far as the node's own files tell, the health monitor (the plugin serves its
+stream), the plugin (recovery: the checkpoint read, lost CDI specs rewritten; only then do
+the DRA calls that waited at the socket run), the metrics (prometheus_client loads at
+``Metrics.bind``), the Node's capacity for the refusal (the first request), the ResourceSlice
+controller and the first publish, hotplug, the HTTP endpoint, and READY=1 to systemd.
+
+Registering before discovery is honest: the kubelet calls a DRA driver only to prepare a claim
+the scheduler allocated on devices of that driver's ResourceSlices, and ours are published
+after discovery, as before; registration promises only that the sockets answer. What reaches
+the DRA socket before the plugin is ready waits for it, a few seconds at most
+(``agent.plugin.serving``), then is answered UNAVAILABLE, which the kubelet retries: nothing is
+prepared before the checkpoint is recovered. A start that fails later (a bad kubeconfig,
+discovery, a refusal) is one line and exit 1, and removes both sockets, as a stopping agent
+does. The upstream helper (``kubeletplugin.Start``) registers at start too, before its driver
+has published anything. /readyz cannot pass early: it starts last, and waits for the slices.
 
 /readyz waits for more: the kubelet's confirmation of the registration. A DaemonSet's rolling
 update stops the old Pod as soon as the new one is Ready, and the kubelet drops the old
@@ -34,13 +43,14 @@ from typing import TYPE_CHECKING
 from agent.checkpoint.store import CheckpointStore
 from agent.common.config import Config
 from agent.common.metrics import Metrics
-from agent.daemon import machine, probes, wiring
-from agent.daemon.options import DaemonError, RunOptions
+from agent.daemon import early, machine, probes, wiring
+from agent.daemon.options import DaemonError, RunOptions, StoppedWhileStarting
 from agent.health import HealthMonitor, HealthServicer
 from agent.health.model import DeviceHealth
 from agent.inventory import discovery_options
 from agent.kube.transport import KubeHTTP
 from agent.plugin import AlreadyRunningError, PluginServer, SocketError
+from agent.plugin.serving import ServedSockets
 from agent.prepare import DevicePreparer
 from agent.prepare.effects.miginstance import owned_instances
 from agent.sdnotify import Notifier
@@ -68,10 +78,15 @@ class Daemon:
         metrics: Metrics | None = None,
         environ: Mapping[str, str] | None = None,
         sources: Sources | None = None,
+        sockets: ServedSockets | None = None,
     ) -> None:
         """``sources`` replaces what ``cfg`` would pick (the host, or ``--simulate``): the seam
-        for tests and benchmarks that change a machine's tree while the agent runs."""
+        for tests and benchmarks that change a machine's tree while the agent runs.
+        ``sockets``: the kubelet's sockets ``dra-agent run`` served before loading this
+        (``agent.daemon.early``); the daemon serves them first itself otherwise. Its
+        ``stop`` or ``run`` removes them, also when the start fails."""
         self.cfg = cfg
+        self.sockets = sockets
         self.options = options or RunOptions()
         self.notifier = notifier or Notifier.from_env(environ)
         # Bound once the plugin has started: prometheus_client loads after registration.
@@ -116,14 +131,8 @@ class Daemon:
 
     def _record_devices(self, inventory: Inventory) -> None:
         """dra_agent_devices{type, health}: health is healthy, unhealthy or unmonitored."""
-        states = {n: str(h.state) for n, h in self.health.snapshot().items()} \
-            if self.health is not None else {}
-        counts: dict[tuple[str, str], int] = {}
-        for device in inventory.devices:
-            key = (str(device.type), states.get(device.name, "healthy"))
-            counts[key] = counts.get(key, 0) + 1
         self.metrics.devices.clear()
-        for (kind, health), n in counts.items():
+        for (kind, health), n in probes.device_counts(inventory, self.health).items():
             self.metrics.devices.labels(type=kind, health=health).set(n)
 
     # -- start ---------------------------------------------------------------------------
@@ -138,7 +147,9 @@ class Daemon:
 
     def _start(self) -> None:
         cfg = self.cfg
-        # The kubeconfig first: a wrong one is one line and exit 1 before any monitor starts.
+        if self.sockets is None:  # the registration answers from here on
+            self.sockets = early.serve(cfg, self.options)
+        # The kubeconfig next: a wrong one is one line and exit 1 before any monitor starts.
         # Read, not connected: urllib3 and ssl wait until the kubelet can register us.
         client = machine.api_client(cfg, self.environ)
         self.notifier.status("discovering devices")
@@ -163,7 +174,7 @@ class Daemon:
 
         self.health = self._start_health(sources)
         self._start_plugin(client, sources)
-        # Registration answers from here on: what follows is what it does not need.
+        # The DRA calls run from here on: what follows is what they do not need.
         self.metrics.bind()
         if client is not None:
             machine.connect(cfg, client, self.environ)
@@ -225,6 +236,8 @@ class Daemon:
                                        "devices": len(self.inventory.devices)})
 
     def _start_health(self, sources: Sources) -> HealthMonitor | None:
+        if self.stop_event.is_set():  # the monitor (and the rest) would only stop at once
+            raise StoppedWhileStarting
         if self.options.health is None:
             log.info("device health monitoring off")
             return None
@@ -268,7 +281,7 @@ class Daemon:
         self.plugin, self.preparer = wiring.node_plugin(
             self.cfg, self.options, sources, lambda: self.inventory, rescan=self._rescan,
             client=client, metrics=self.metrics, health_servicer=health_servicer,
-            environ=self.environ,
+            environ=self.environ, sockets=self.sockets,
         )
         try:
             self.plugin.start()
@@ -277,31 +290,16 @@ class Daemon:
             raise DaemonError(str(err)) from err
 
     def _start_simulated_faults(self, sources: Sources) -> None:
-        """--simulate: the inbox 'dra-agent simulate fault' writes to, beside the checkpoint
-        (agent/simfaults/); after the health monitor, whose event sets the faults reach."""
-        if not self.cfg.simulate:
-            return
-        from agent.simfaults.inbox import FaultInbox  # --simulate only
-
-        inbox = FaultInbox(self.cfg.simulated_faults_dir, sources.gpu, lambda: self.inventory,
-                           health=self.options.health, stop=self.stop_event)
-        thread = inbox.start()
+        thread = machine.simulated_faults(self.cfg, self.options, sources, lambda: self.inventory,
+                                          self.stop_event)
         if thread is not None:
             self._threads["simulated-faults"] = thread
 
     def _start_hotplug(self, sources: Sources, options: DiscoveryOptions,
                        inventory: Inventory) -> None:
-        from discovery.hotplug import HotplugWatcher  # after the plugin: pyudev
-
-        events = machine.device_events(self.cfg, self.options, self.stop_event)
-        watcher = HotplugWatcher(
-            sources, options, self._publish, events,
-            debounce_s=self.options.hotplug_debounce_s,
-            slow_rescan_s=self.options.slow_rescan_s, stop_event=self.stop_event,
-            initial=inventory,
-            on_scan=lambda _inv, seconds: self.metrics.discovery_duration.observe(seconds),
-        )
-        self._threads["discovery-hotplug"] = watcher.start()
+        self._threads["discovery-hotplug"] = machine.hotplug(
+            self.cfg, self.options, sources, options, initial=inventory, publish=self._publish,
+            stop=self.stop_event, metrics=self.metrics)
 
     def _start_http(self) -> None:
         # Lazy: prometheus_client's HTTP side loads after the kubelet can register us.
@@ -363,7 +361,11 @@ class Daemon:
 
     def run(self) -> int:
         """Start, then wait for a stop request or a dead background thread; return exit code."""
-        self.start()
+        try:
+            self.start()
+        except StoppedWhileStarting:  # a signal came first: undone by start, a clean stop
+            self._announce_stop()
+            return 0
         if not gc.isenabled():  # paused for the start (``dra-agent run``): its garbage
             gc.collect()  # freed, and what is left (modules, classes, our parts: there for
             gc.freeze()  # the process's life) out of the generations no later pass walks
@@ -395,6 +397,9 @@ class Daemon:
             self.plugin.stop(self.options.shutdown_grace_s)
             self.plugin = None
             self.preparer = None
+        if self.sockets is not None:  # served, but the start failed before the plugin
+            self.sockets.stop(0)
+            self.sockets = None
         if self.http is not None:
             self.http.stop()
             self.http = None

@@ -22,11 +22,13 @@ from discovery.model import Inventory
 from discovery.sources import Sources
 
 if TYPE_CHECKING:
+    from agent.common.metrics import Metrics
     from agent.kube.transport import KubeHTTP
     from agent.prepare.gpucontrol import GpuControl
     from agent.prepare.mpscontrol import MpsControl
     from cdi.simnodes import SimulatedNodes
     from discovery.hotplug import DeviceEvents
+    from discovery.scan import DiscoveryOptions
 
 log = logging.getLogger("agent.daemon")
 
@@ -43,6 +45,11 @@ def sources(cfg: Config, cleanups: list[Callable[[], None]]) -> Sources:
     cleanup ``cleanups`` gains)."""
     if cfg.simulate:
         from discovery.simulate import scratch_dir, simulated_sources  # --simulate only
+        from discovery.simulate.profiles import PROFILES
+
+        if cfg.simulate not in PROFILES:  # bad input: one line, not "a bug"
+            raise DaemonError(f"--simulate: unknown profile {cfg.simulate!r}; known: "
+                              f"{', '.join(sorted(PROFILES))}")
 
         tmp = scratch_dir()
         cleanups.append(tmp.cleanup)
@@ -148,11 +155,42 @@ def device_events(cfg: Config, run: RunOptions, stop: threading.Event) -> Device
         return NullEvents(stop)
 
 
+def simulated_faults(cfg: Config, run: RunOptions, sources: Sources,
+                     inventory: Callable[[], Inventory],
+                     stop: threading.Event) -> threading.Thread | None:
+    """--simulate: the inbox 'dra-agent simulate fault' writes to, beside the checkpoint
+    (agent/simfaults/), its thread started; after the health monitor, whose event sets the
+    faults reach. None on a real node."""
+    if not cfg.simulate:
+        return None
+    from agent.simfaults.inbox import FaultInbox  # --simulate only
+
+    inbox = FaultInbox(cfg.simulated_faults_dir, sources.gpu, inventory, health=run.health,
+                       stop=stop)
+    return inbox.start()
+
+
+def hotplug(cfg: Config, run: RunOptions, sources: Sources, options: DiscoveryOptions, *,
+            initial: Inventory, publish: Callable[[Inventory], None], stop: threading.Event,
+            metrics: Metrics) -> threading.Thread:
+    """The hotplug watcher's thread, started: udev's events and the periodic rescan, each
+    new inventory handed to ``publish``, each scan's duration to ``metrics``."""
+    from discovery.hotplug import HotplugWatcher  # after the plugin: pyudev
+
+    watcher = HotplugWatcher(
+        sources, options, publish, device_events(cfg, run, stop),
+        debounce_s=run.hotplug_debounce_s, slow_rescan_s=run.slow_rescan_s, stop_event=stop,
+        initial=initial,
+        on_scan=lambda _inventory, seconds: metrics.discovery_duration.observe(seconds),
+    )
+    return watcher.start()
+
+
 def refuse_device_plugin_overlap(cfg: Config, client: KubeHTTP | None,
                                  inventory: Inventory) -> bool:
     """Refuse to start where a device plugin already serves what our classes offer as an
     extended resource (agent/deviceplugins.py says why), as far as the node itself tells: the
-    kubelet's device-plugin checkpoint, a file, read before the plugin serves. Where it names
+    kubelet's device-plugin checkpoint, a file, read before the plugin opens. Where it names
     a resource the Node's capacity and the cluster's classes are read now too; where it names
     none (the usual node) the capacity waits for ``refuse_capacity_overlap``, after the
     kubelet can register us and before anything is published: the refusal guards the

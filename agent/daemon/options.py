@@ -5,14 +5,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.claim.model import ClaimFetchError, ClaimRef
 from agent.health.options import HealthOptions
+
+if TYPE_CHECKING:  # the claim model loads with the plugin, after the sockets are served
+    from agent.claim.model import ClaimRef
 
 
 class DaemonError(RuntimeError):
     """The agent cannot start or a vital part of it died; the message says which and why."""
+
+
+class StoppedWhileStarting(Exception):  # noqa: N818 (a stop request, not an error)
+    """A stop was requested while the daemon was starting: the start ends, undone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,8 @@ class NoAPIClaimSource:
     """
 
     def get(self, ref: ClaimRef) -> Mapping[str, Any]:
+        from agent.claim.model import ClaimFetchError
+
         raise ClaimFetchError(
             str(ref), "no API server configured (--kubeconfig none): the claim cannot be read"
         )

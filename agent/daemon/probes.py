@@ -11,6 +11,7 @@ if TYPE_CHECKING:  # the parts' modules are imported as they start, not with the
     from agent.health import HealthMonitor
     from agent.plugin import PluginServer
     from agent.slices import Controller
+    from discovery.model import Inventory
 
 Check = tuple[bool, str]
 
@@ -56,6 +57,19 @@ def slices_synced(controller: Controller | None) -> Check:
         return True, "no API server: nothing to publish"
     ok = bool(controller.synced(0))
     return ok, "ResourceSlices published" if ok else "ResourceSlices not yet in sync"
+
+
+def device_counts(inventory: Inventory,
+                  health: HealthMonitor | None) -> dict[tuple[str, str], int]:
+    """Devices by (type, health) for ``dra_agent_devices``: health is healthy, unhealthy or
+    unmonitored (healthy where no monitor runs)."""
+    states = {n: str(h.state) for n, h in health.snapshot().items()} if health is not None \
+        else {}
+    counts: dict[tuple[str, str], int] = {}
+    for device in inventory.devices:
+        key = (str(device.type), states.get(device.name, "healthy"))
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def status_text(plugin: PluginServer | None, controller: Controller | None,

@@ -16,12 +16,13 @@ from agent.checkpoint.store import CheckpointStore, read_boot_id
 from agent.common.config import Config
 from agent.common.failpoints import FailpointConfigError, Failpoints
 from agent.common.metrics import Metrics
-from agent.daemon import machine
+from agent.daemon import early, machine
 from agent.daemon.options import DaemonError, NoAPIClaimSource, RunOptions
 from agent.netdev.host import HostNetdev
 from agent.netdev.install import read_launch
 from agent.plugin import APIClaimSource, PluginOptions, PluginServer
 from agent.plugin.driver import ClaimSource
+from agent.plugin.serving import ServedSockets
 from agent.prepare.cdispecs import CDIClaimSpecs, DeviceEdits
 from agent.prepare.claimmetadata import ClaimMetadata
 from agent.prepare.claimspec import ClaimBuilder
@@ -117,9 +118,10 @@ def plugin_server(
     health_servicer: HealthServicer | None = None, failpoints: Failpoints | None = None,
     gpu_control: GpuControl | None = None, mig: MigPartitions | None = None,
     sriov: SriovControl | None = None, rescan: Callable[[], Inventory] | None = None,
-    mps_control: MpsControl | None = None,
+    mps_control: MpsControl | None = None, sockets: ServedSockets | None = None,
 ) -> PluginServer:
-    """The kubelet plugin around this node's preparer: what ``dra-agent run`` serves."""
+    """The kubelet plugin around this node's preparer: what ``dra-agent run`` serves;
+    ``sockets``: served already, opened by the plugin's start."""
     metrics = metrics or Metrics()
     ordered = effects(inventory, metadata=claim_metadata(prepare),
                       mps_pipe_dir=prepare.mps_pipe_dir, gpu_control=gpu_control, mig=mig,
@@ -127,17 +129,20 @@ def plugin_server(
                       mps_control=mps_control, netdev=netdev_effect(prepare, inventory))
     return PluginServer(plugin, preparer(prepare, inventory, edits, ordered, metrics=metrics,
                                          failpoints=failpoints),
-                        claims, metrics, health_servicer=health_servicer, failpoints=failpoints)
+                        claims, metrics, health_servicer=health_servicer, failpoints=failpoints,
+                        sockets=sockets)
 
 
 def node_plugin(
     cfg: Config, run: RunOptions, sources: Sources, inventory: Callable[[], Inventory], *,
     rescan: Callable[[], Inventory], client: KubeHTTP | None, metrics: Metrics,
     health_servicer: HealthServicer | None, environ: Mapping[str, str],
+    sockets: ServedSockets | None = None,
 ) -> tuple[PluginServer, DevicePreparer]:
     """The plugin ``dra-agent run`` serves, and its preparer: every option of ``cfg`` and
     ``run`` turned into the parts above, once. ``rescan`` reads the node again and publishes
-    what it found (VFs on demand read the VFs they made so)."""
+    what it found (VFs on demand read the VFs they made so). ``sockets``: the sockets served
+    already (``agent.daemon.early``), which the plugin opens once it has recovered."""
     try:
         # Crash tests only: DRA_AGENT_FAILPOINTS makes the agent die at chosen steps.
         failpoints = Failpoints.from_env(environ)
@@ -158,9 +163,7 @@ def node_plugin(
     sriov = (sources.sriov or SysfsSriov(sources.sysfs_root)) if cfg.vfs == "dynamic" else None
     pci_drivers = (sources.pci_drivers or SysfsPciDrivers(sources.sysfs_root)) \
         if cfg.gpu_passthrough else None
-    plugin = PluginOptions(driver_name=cfg.driver_name, kubelet_dir=cfg.kubelet_dir,
-                           pod_uid=run.pod_uid, rolling_update=run.rolling_update,
-                           registration_timeout_s=run.registration_timeout_s)
+    plugin = sockets.options if sockets is not None else early.plugin_options(cfg, run)
     claims = APIClaimSource(client) if client is not None else NoAPIClaimSource()
     ordered = effects(inventory, metadata=claim_metadata(prepare),
                       mps_pipe_dir=prepare.mps_pipe_dir, gpu_control=machine.gpu_control(cfg, run),
@@ -169,4 +172,4 @@ def node_plugin(
                       netdev=netdev_effect(prepare, inventory), pci_drivers=pci_drivers)
     made = preparer(prepare, inventory, edits, ordered, metrics=metrics, failpoints=failpoints)
     return PluginServer(plugin, made, claims, metrics, health_servicer=health_servicer,
-                        failpoints=failpoints), made
+                        failpoints=failpoints, sockets=sockets), made

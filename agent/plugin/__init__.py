@@ -16,33 +16,18 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from agent.common.failpoints import Failpoints
 from agent.common.metrics import Metrics
-from agent.plugin.apiclaims import APIClaimSource
-from agent.plugin.driver import ClaimSource, Preparer
-from agent.plugin.framework import PluginFramework
-from agent.plugin.limits import MAX_STREAMS, StreamSlots, max_concurrent_rpcs, server_options
-from agent.plugin.registration import DRA_SERVICES, HEALTH_SERVICES, RegistrationServer
-from agent.plugin.server import add_dra_services
-from agent.plugin.sockets import (
-    AlreadyRunningError,
-    InstanceLock,
-    SocketError,
-    SocketPaths,
-    bind_unix,
-    remove_socket,
-    socket_paths,
-)
+from agent.plugin.serving import HandlerRecorder, PluginOptions, ServedSockets
+from agent.plugin.sockets import AlreadyRunningError, SocketError, SocketPaths
 
-if TYPE_CHECKING:  # grpc is imported when the plugin serves, not with the daemon
-    import grpc
-
+if TYPE_CHECKING:  # the framework (claims, checkpoint records) loads once the plugin is built
+    from agent.common.failpoints import Failpoints
     from agent.health.stream import HealthServicer
+    from agent.plugin.apiclaims import APIClaimSource
+    from agent.plugin.driver import ClaimSource, Preparer
 
 __all__ = [
     "APIClaimSource",
@@ -59,19 +44,18 @@ log = logging.getLogger(__name__)
 HANDOVER_DRAIN_S = 2.0
 
 
-@dataclass(frozen=True, slots=True)
-class PluginOptions:
-    """The plugin's sockets and registration; what a prepare does is the preparer's
-    (``agent.prepare.options.PrepareOptions``)."""
+def __getattr__(name: str) -> Any:
+    # ``from agent.plugin import APIClaimSource``, without loading the API client's claim code
+    # with the package (the sockets are served before it is needed).
+    if name == "APIClaimSource":
+        from agent.plugin.apiclaims import APIClaimSource
 
-    driver_name: str
-    kubelet_dir: Path = Path("/var/lib/kubelet")
-    pod_uid: str | None = None
-    rolling_update: bool = False
-    registration_timeout_s: float = 30.0
-    #: Threads for prepare/unprepare calls; health streams get their own on top
-    #: (``agent.plugin.limits``).
-    max_workers: int = 16
+        return APIClaimSource
+    if name == "Preparer":
+        from agent.plugin.driver import Preparer
+
+        return Preparer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class PluginServer:
@@ -84,12 +68,20 @@ class PluginServer:
         *,
         health_servicer: HealthServicer | None = None,
         failpoints: Failpoints | None = None,
+        sockets: ServedSockets | None = None,
     ) -> None:
+        """``sockets``: the sockets ``dra-agent run`` served before this was built (their
+        options and health setting must be these); by default this builds its own."""
+        from agent.plugin.framework import PluginFramework
+
+        if sockets is None:
+            sockets = ServedSockets(options, health=health_servicer is not None)
+        elif sockets.options != options or sockets.health != (health_servicer is not None):
+            raise ValueError("the served sockets were made for other plugin options")
         self.options = options
         self.metrics = metrics or Metrics()
-        self.paths: SocketPaths = socket_paths(
-            options.kubelet_dir, options.driver_name, options.pod_uid, options.rolling_update
-        )
+        self.sockets = sockets
+        self.paths: SocketPaths = sockets.paths
         self.preparer = preparer
         self.framework = PluginFramework(
             options.driver_name,
@@ -101,15 +93,10 @@ class PluginServer:
         )
         #: Served on the DRA socket in every version of agent.health.HEALTH_SERVICES.
         self.health_servicer = health_servicer
-        versions = DRA_SERVICES if health_servicer is None else (*DRA_SERVICES, *HEALTH_SERVICES)
-        self.registration = RegistrationServer(
-            self.paths.registration, options.driver_name, self.paths.dra, versions,
-            timeout_s=options.registration_timeout_s,
-        )
-        self._lock = InstanceLock(self.paths.instance_lock)
-        self._dra: grpc.Server | None = None
+        self.registration = sockets.registration
         #: Open response streams (the kubelet's health stream), at most MAX_STREAMS.
-        self.streams = StreamSlots(MAX_STREAMS)
+        self.streams = sockets.streams
+        self._started = False
 
     @property
     def registered(self) -> bool:
@@ -117,47 +104,42 @@ class PluginServer:
 
     @property
     def serving(self) -> bool:
-        return self._dra is not None
+        """The DRA socket answers calls (not only waits): the plugin has started."""
+        return self._started and self.sockets.serving
 
     def start(self) -> None:
-        """Take the instance lock, recover, serve, register; raises on any failure."""
-        self._lock.acquire()
+        """Take the instance lock, recover, serve, register; raises on any failure. With
+        sockets already served: recover, then let the calls that wait in."""
+        sockets = self.sockets
         try:
+            if not sockets.lock.held:
+                sockets.lock.acquire()
             self.paths.plugin_dir.mkdir(parents=True, exist_ok=True)
             with self.framework.exclusive():
                 self.preparer.recover()
-            self._serve_dra()
-            self.registration.start()
+            sockets.open(self._services())
+            sockets.start()
         except BaseException:
             self.stop(0)
             raise
+        self._started = True
         log.info(
             "kubelet plugin serving",
             extra={"endpoint": str(self.paths.dra), "registration": str(self.paths.registration)},
         )
 
-    def _serve_dra(self) -> None:
-        import grpc
+    def _services(self) -> dict[str, Any]:
+        """The handlers of every service the DRA socket serves, by service name."""
+        from agent.plugin.server import add_dra_services
 
-        # Streams hold their thread while open: they get MAX_STREAMS threads of their own
-        # (StreamSlots refuses more), so max_workers always remain for prepare/unprepare.
-        server = grpc.server(
-            futures.ThreadPoolExecutor(
-                max_workers=self.options.max_workers + MAX_STREAMS, thread_name_prefix="dra"
-            ),
-            interceptors=[self.streams],
-            options=server_options(),
-            maximum_concurrent_rpcs=max_concurrent_rpcs(self.options.max_workers),
-        )
-        add_dra_services(server, self.framework, self.metrics)
+        recorder = HandlerRecorder()
+        add_dra_services(recorder, self.framework, self.metrics)
         if self.health_servicer is not None:
             from agent.health.stream import add_health_services
 
             # Both versions, under the same StreamSlots interceptor as everything else.
-            add_health_services(self.health_servicer, server)
-        bind_unix(server, self.paths.dra)
-        server.start()
-        self._dra = server
+            add_health_services(self.health_servicer, recorder)
+        return recorder.services
 
     def _handover_drain_s(self, grace_s: float) -> float:
         """How long to keep serving after deregistering: ``HANDOVER_DRAIN_S`` (within the
@@ -182,11 +164,13 @@ class PluginServer:
         A no-op unless this instance holds the instance lock: the sockets at these paths
         would otherwise belong to the agent that does.
         """
-        if not self._lock.held:
+        sockets = self.sockets
+        if not sockets.lock.held:
             return
-        self.registration.stop(min(grace_s, 1.0))
+        self._started = False
+        sockets.stop_registration(min(grace_s, 1.0))
         drain = self._handover_drain_s(grace_s)
-        if drain > 0 and self._dra is not None:
+        if drain > 0 and sockets.serving:
             # The kubelet holds this instance until its plugin watcher sees the registration
             # socket gone (its next reconcile, 1 s) and calls the newest *connected* instance
             # of the driver: right after a kubelet restart the successor may not be connected
@@ -195,12 +179,9 @@ class PluginServer:
             log.info("handing over to a newer instance: still serving",
                      extra={"driver": self.options.driver_name, "seconds": drain})
             time.sleep(drain)
-        if self._dra is not None:
-            self._dra.stop(grace_s).wait()
-            self._dra = None
+        sockets.stop_dra(grace_s)
         # The claim status writes queued by the last prepares (best effort: a restarted agent
         # reports what is still owed at the kubelet's next prepare of those claims).
         self.framework.close(min(grace_s, 2.0))
-        remove_socket(self.paths.dra)
         self.preparer.close()
-        self._lock.release()
+        sockets.release()

@@ -14,12 +14,9 @@ Layout (the kubelet root dir is configurable):
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
-import hashlib
 import os
-import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +46,10 @@ class SocketPaths:
 
 
 def _short(pod_uid: str) -> str:
+    # Lazy: OpenSSL's hashes load only for a rolling update's over-long path.
+    import base64
+    import hashlib
+
     digest = hashlib.sha256(pod_uid.encode()).digest()[:8]
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
@@ -134,7 +135,7 @@ def bind_unix(server: Any, path: Path) -> None:
 
 def _private_dir(parent: Path) -> Path:
     for _ in range(16):
-        candidate = parent / f".{secrets.token_hex(2)}"
+        candidate = parent / f".{os.urandom(2).hex()}"  # not a secret: unique, nothing more
         try:
             os.mkdir(candidate, 0o700)  # the umask can only make it tighter
         except FileExistsError:

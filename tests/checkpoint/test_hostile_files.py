@@ -21,6 +21,7 @@ import click.testing
 import pytest
 
 import agent.daemon
+import agent.daemon.early
 from agent.checkpoint.codec import checksum, encode
 from agent.checkpoint.model import CheckpointData, ClaimRecord, ClaimState, PreparedDevice
 from agent.checkpoint.store import (
@@ -385,7 +386,7 @@ def test_run_under_an_inherited_umask_000_creates_the_plugin_dir_0700(
     class FakeDaemon:
         """Stands in for the daemon after the command's set-up: creates what the plugin does."""
 
-        def __init__(self, *_args: Any) -> None:
+        def __init__(self, *_args: Any, **_parts: Any) -> None:  # sockets=
             self.stop_event = threading.Event()
 
         def run(self) -> int:
@@ -394,6 +395,11 @@ def test_run_under_an_inherited_umask_000_creates_the_plugin_dir_0700(
             return 0
 
     monkeypatch.setattr(agent.daemon, "Daemon", FakeDaemon)
+    class NoSockets:  # nor the kubelet's sockets, served before the daemon
+        def stop(self, _grace_s: float) -> None:
+            pass
+
+    monkeypatch.setattr(agent.daemon.early, "serve", lambda *_args: NoSockets())
     os.umask(0)
     result = click.testing.CliRunner().invoke(
         command, ["--node-name", "node-a", "--kubelet-dir", str(tmp_path / "kubelet"),

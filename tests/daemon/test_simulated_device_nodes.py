@@ -88,12 +88,14 @@ def test_prepare_and_the_rebuilt_spec_carry_stand_in_nodes(
     assert not (dirs.plugin / "simulated-dev").exists()
     assert agent.terminate() == 0
 
-    # A reboot takes the spec; the agent, now with the flag, rebuilds it before registering.
+    # A reboot takes the spec; the agent, now with the flag, rebuilds it before it prepares
+    # anything (the sockets answer earlier; /readyz passes after).
     dirs.spec_path(first["metadata"]["uid"]).unlink()
     dirs.set_boot_id("boot-2")
     since = len(kubelet.registrations)
     started.append(agent := AgentProcess(dirs, cluster.kubeconfig, FLAG, name="with-nodes"))
     wait_registered(kubelet, since)
+    agent.wait_http("/readyz")
     rebuilt = spec(dirs, first)
     with_nodes = devices_by_name(rebuilt, first)
     assert sorted(with_nodes) == sorted(without)

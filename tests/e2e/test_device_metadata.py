@@ -54,7 +54,9 @@ def test_kill_9_and_reboot_rebuild_the_lost_file_with_the_spec(
     since = len(kubelet.registrations)
     agent = start_agent(name="after-boot")
     wait_registered(kubelet, since)
-    # Registered means recovered: both are back before any prepare.
+    # The plugin lets calls in once recovered, and is ready after: both are back before any
+    # prepare runs (the sockets answer earlier, tests/daemon/test_early_sockets.py).
+    agent.wait_http("/readyz")
     assert {r: f.read_bytes() for r, f in files.items()} == before
     assert dirs.spec_path(uid).read_text() == spec_before
     assert dirs.records()[uid]["bootID"] == "boot-after"

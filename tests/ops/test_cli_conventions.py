@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -123,11 +125,16 @@ def test_explain_refuses_a_kubeconfig_that_does_not_exist(tmp_path: Path, slices
 
 def test_run_with_a_missing_kubeconfig_uses_the_error_prefix(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-kubeconfig"
-    out = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "run", "--simulate", "empty", "--no-health",
-         "--kubeconfig", str(missing), "--metrics-address", "none",
-         "--kubelet-dir", str(tmp_path / "k"), "--cdi-dir", str(tmp_path / "c")],
-        capture_output=True, text=True, timeout=60, check=False, cwd=REPO)
+    # The sockets are served before the kubeconfig is read: a short kubelet dir, as on a node.
+    short = Path(tempfile.mkdtemp(prefix="cc", dir="/tmp"))
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "agent.cli", "run", "--simulate", "empty", "--no-health",
+             "--kubeconfig", str(missing), "--metrics-address", "none",
+             "--kubelet-dir", str(short / "k"), "--cdi-dir", str(tmp_path / "c")],
+            capture_output=True, text=True, timeout=60, check=False, cwd=REPO)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
     assert out.returncode == 1
     assert out.stderr.startswith("error: ") and str(missing) in out.stderr, out.stderr
     assert "dra-agent: " not in out.stderr

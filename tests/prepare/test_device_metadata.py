@@ -391,6 +391,13 @@ def test_upstream_library_reads_every_file_and_would_write_the_same_bytes(
 # -- the switch: flag > DRA_AGENT_DEVICE_METADATA > config file > default --------------------
 
 
+class NoSockets:
+    """What ``agent.daemon.early.serve`` returns, for a command whose daemon is a stand-in."""
+
+    def stop(self, _grace_s: float) -> None:
+        pass
+
+
 @pytest.fixture
 def run_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[Any]]:
     """``dra-agent run`` up to the daemon, which records its options instead of running."""
@@ -398,11 +405,12 @@ def run_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[lis
     import signal
 
     import agent.daemon
+    import agent.daemon.early
 
     seen: list[Any] = []
 
     class FakeDaemon:
-        def __init__(self, _cfg: Any, options: Any) -> None:
+        def __init__(self, _cfg: Any, options: Any, **_parts: Any) -> None:  # sockets=
             seen.append(options)
             import threading
 
@@ -417,6 +425,8 @@ def run_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[lis
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)
     monkeypatch.setattr(agent.daemon, "Daemon", FakeDaemon)
+    # Nor the kubelet's sockets, which the command serves before the daemon.
+    monkeypatch.setattr(agent.daemon.early, "serve", lambda *_args: NoSockets())
     yield seen
     os.umask(umask)
     for sig, handler in handlers.items():
