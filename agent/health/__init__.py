@@ -13,18 +13,48 @@ Effects: ``<driver>/xid|ecc|gpu-lost|link-down|unmonitored`` device taints and t
 is healthy again.
 """
 
-from agent.health.model import ChangeFeed, Condition, DeviceHealth, HealthState, Kind
-from agent.health.monitor import HealthMonitor
-from agent.health.options import (
-    DEFAULT_EFFECTS,
-    HealthConfigError,
-    HealthOptions,
-    parse_effects,
-    parse_xids,
-)
-from agent.health.stream import HEALTH_SERVICES, HealthServicer, add_health_services
-from agent.health.taints import apply_taints, taint_key
-from agent.health.xids import DEFAULT_IGNORED_XIDS, describe_xid
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent.health.model import ChangeFeed, Condition, DeviceHealth, HealthState, Kind
+    from agent.health.monitor import HealthMonitor
+    from agent.health.options import (
+        DEFAULT_EFFECTS,
+        HealthConfigError,
+        HealthOptions,
+        parse_effects,
+        parse_xids,
+    )
+    from agent.health.stream import HEALTH_SERVICES, HealthServicer, add_health_services
+    from agent.health.taints import apply_taints, taint_key
+    from agent.health.xids import DEFAULT_IGNORED_XIDS, describe_xid
+
+#: name -> the submodule that defines it. Loaded on first use (PEP 562): ``run --no-health``
+#: reads the options only, and the monitor, the netlink watch, the stream's protobuf and
+#: their imports (about 0.8 MiB resident, docs/memory.md) stay out of that process.
+_WHERE = {
+    "ChangeFeed": "model", "Condition": "model", "DeviceHealth": "model",
+    "HealthState": "model", "Kind": "model",
+    "HealthMonitor": "monitor",
+    "DEFAULT_EFFECTS": "options", "HealthConfigError": "options", "HealthOptions": "options",
+    "parse_effects": "options", "parse_xids": "options",
+    "HEALTH_SERVICES": "stream", "HealthServicer": "stream", "add_health_services": "stream",
+    "apply_taints": "taints", "taint_key": "taints",
+    "DEFAULT_IGNORED_XIDS": "xids", "describe_xid": "xids",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value  # once: later lookups are a plain module attribute
+    return value
+
 
 __all__ = [
     "DEFAULT_EFFECTS",
