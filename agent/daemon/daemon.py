@@ -230,7 +230,6 @@ class Daemon:
             log.info("device health monitoring off")
             return None
         from agent.health import HealthMonitor  # --no-health never loads it (docs/memory.md)
-
         monitor = HealthMonitor(
             sources, self.cfg.driver_name, self.options.health, self._health_changed,
             metrics=self.metrics, stop_event=self.stop_event,
@@ -268,7 +267,6 @@ class Daemon:
         health_servicer = None
         if self.health is not None:
             from agent.health import HealthServicer
-
             health_servicer = HealthServicer(self.health, self.cfg.node_name)
         self.plugin, self.preparer = wiring.node_plugin(
             self.cfg, self.options, sources, lambda: self.inventory, rescan=self._rescan,
