@@ -102,6 +102,10 @@ def _health_options(kwargs: dict[str, Any]) -> HealthOptions | None:
 @common_options
 def command(**kwargs: Any) -> None:
     """Run the agent: discover, publish ResourceSlices, serve the kubelet."""
+    # First, before any thread (gRPC's, the monitors') binds itself to a malloc arena.
+    from agent.common.memory import limit_arenas
+
+    limit_arenas()
     # No collection while the start loads about 600 modules and builds their classes: each
     # pass would walk every object made so far and free nothing (2-3% of the instructions
     # until registration). Daemon.run collects, freezes and resumes it once started.

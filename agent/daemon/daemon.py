@@ -41,11 +41,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from agent.checkpoint.store import CheckpointStore
+from agent.common import memory
 from agent.common.config import Config
 from agent.common.metrics import Metrics
 from agent.daemon import early, machine, probes, wiring
 from agent.daemon.options import DaemonError, RunOptions, StoppedWhileStarting
-from agent.health import HealthMonitor, HealthServicer
 from agent.health.model import DeviceHealth
 from agent.inventory import discovery_options
 from agent.kube.transport import KubeHTTP
@@ -60,6 +60,7 @@ from discovery.scan import DiscoveryOptions, discover
 from discovery.sources import Sources
 
 if TYPE_CHECKING:  # the slices and the HTTP endpoint load after registration
+    from agent.health import HealthMonitor
     from agent.httpserver import HealthServer
     from agent.slices import Controller
 
@@ -241,6 +242,7 @@ class Daemon:
         if self.options.health is None:
             log.info("device health monitoring off")
             return None
+        from agent.health import HealthMonitor  # --no-health never loads it (docs/memory.md)
         monitor = HealthMonitor(
             sources, self.cfg.driver_name, self.options.health, self._health_changed,
             metrics=self.metrics, stop_event=self.stop_event,
@@ -277,6 +279,7 @@ class Daemon:
     def _start_plugin(self, client: KubeHTTP | None, sources: Sources) -> None:
         health_servicer = None
         if self.health is not None:
+            from agent.health import HealthServicer
             health_servicer = HealthServicer(self.health, self.cfg.node_name)
         self.plugin, self.preparer = wiring.node_plugin(
             self.cfg, self.options, sources, lambda: self.inventory, rescan=self._rescan,
@@ -370,6 +373,7 @@ class Daemon:
             gc.collect()  # freed, and what is left (modules, classes, our parts: there for
             gc.freeze()  # the process's life) out of the generations no later pass walks
             gc.enable()
+            memory.trim()  # the start's freed temporaries back to the kernel (docs/memory.md)
         return self.run_until_stopped()
 
     def run_until_stopped(self) -> int:

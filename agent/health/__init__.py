@@ -47,7 +47,9 @@ def __getattr__(name: str) -> Any:
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"agent.health.{where}"), name)
+    value = getattr(import_module(f"agent.health.{where}"), name)
+    globals()[name] = value  # once: later lookups are a plain module attribute
+    return value
 
 
 __all__ = [
