@@ -18,13 +18,11 @@ discovery, a refusal) is one line and exit 1, and removes both sockets, as a sto
 does. The upstream helper (``kubeletplugin.Start``) registers at start too, before its driver
 has published anything. /readyz cannot pass early: it starts last, and waits for the slices.
 
-/readyz waits for more: the kubelet's confirmation of the registration. A DaemonSet's rolling
-update stops the old Pod as soon as the new one is Ready, and the kubelet drops the old
-instance when its socket goes; a new one that is Ready before the kubelet has registered it
-leaves the node without the driver for a moment (pods failing to prepare). READY=1 does not
-wait for the kubelet: systemd's start timeout would fail the unit, and hold up what is ordered
-after it, whenever the kubelet is slow or down (it registers plugins only once its runtime is
-up); the STATUS= line says when the kubelet has confirmed instead.
+/readyz also waits for the kubelet's confirmation of the registration: a rolling update stops
+the old Pod once the new one is Ready, and a new one Ready before the kubelet registered it
+leaves the node without the driver for a moment. READY=1 does not wait for the kubelet
+(systemd's start timeout would fail the unit whenever the kubelet is slow or down; it
+registers plugins only once its runtime is up); the STATUS= line says when it has confirmed.
 
 Stop order is the reverse. ResourceSlices are kept on purpose: the kubelet wipes them after
 30 s if the agent does not come back, and a restart within that window costs no write.
