@@ -1,9 +1,8 @@
 """``dra-agent run``: wires discovery -> controller and the kubelet plugin, plus health/metrics.
 
-The kubelet's two sockets come first (``agent.daemon.early``: the registration answers
-``GetInfo`` while the rest loads), then the kubeconfig read, discovery, the device-plugin
-refusal as far as the node's own files tell, the health monitor (the plugin serves its
-stream), the plugin (recovery: the checkpoint read, lost CDI specs rewritten; only then do
+The kubelet's two sockets first (``agent.daemon.early``: ``GetInfo`` answered while the rest
+loads), then the kubeconfig read, discovery, the device-plugin refusal as far as the node's
+files tell, the health monitor (the plugin serves its stream), the plugin (recovery: the checkpoint read, lost CDI specs rewritten; only then do
 the DRA calls that waited at the socket run), the metrics (prometheus_client loads at
 ``Metrics.bind``), the Node's capacity for the refusal (the first request), the ResourceSlice
 controller and the first publish, hotplug, the HTTP endpoint, and READY=1 to systemd.
@@ -24,9 +23,8 @@ leaves the node without the driver for a moment. READY=1 does not wait for the k
 (systemd's start timeout would fail the unit whenever the kubelet is slow or down; it
 registers plugins only once its runtime is up); the STATUS= line says when it has confirmed.
 
-Stop order is the reverse. ResourceSlices are kept on purpose: the kubelet wipes them after
-30 s if the agent does not come back, and a restart within that window costs no write.
-"""
+Stop order is the reverse. ResourceSlices are kept: the kubelet wipes them after 30 s if the
+agent does not come back, and a restart within that window costs no write."""
 
 from __future__ import annotations
 
