@@ -4,9 +4,8 @@ The kubelet's two sockets first (``agent.daemon.early``: ``GetInfo`` answered wh
 loads), then the kubeconfig read, discovery, the device-plugin refusal as far as the node's
 files tell, the health monitor (the plugin serves its stream), the plugin (recovery: the
 checkpoint read, lost CDI specs rewritten; then the DRA calls waiting at the socket run), the
-metrics (prometheus_client loads at
-``Metrics.bind``), the Node's capacity for the refusal (the first request), the slices'
-controller and first publish, hotplug, the HTTP endpoint, and READY=1 to systemd.
+metrics (prometheus_client loads at ``Metrics.bind``), the Node's capacity for the refusal
+(the first request), the slices' controller and first publish, hotplug, HTTP, READY=1.
 
 Registering before discovery is honest: the kubelet calls a DRA driver only to prepare a claim
 the scheduler allocated on devices of that driver's ResourceSlices, and ours are published
