@@ -94,14 +94,22 @@ class _NothingSentError(Exception):
         self.err = err
 
 
-@dataclass(frozen=True, slots=True)
 class RawAnswer:
-    """A whole answer: header names in lower case, repeated ones joined by ", "."""
+    """A whole answer: header names in lower case, repeated ones joined by ", ".
 
-    status: int
-    reason: str
-    headers: dict[str, str]
-    body: bytes
+    A plain class: a frozen dataclass's ``__init__`` (``object.__setattr__`` per field)
+    cost 6 k instructions of a GET's 143 k, for an object ``KubeHTTP`` drops at once."""
+
+    __slots__ = ("body", "headers", "reason", "status")
+
+    def __init__(self, status: int, reason: str, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.body = body
+
+    def __repr__(self) -> str:
+        return f"RawAnswer({self.status} {self.reason}, {len(self.body)} bytes)"
 
 
 @dataclass(frozen=True, slots=True)
