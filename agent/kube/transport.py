@@ -12,6 +12,10 @@ resident memory for nothing the agent uses. ``KubeHTTP`` therefore speaks HTTP i
   request, so exec-plugin tokens stay fresh) and its urllib3 pool (TLS, proxy). Tests pass such
   clients, and kubeconfigs that need exec plugins or auth providers are loaded that way.
 
+A backend with ``keepalive`` set (the lean one without a proxy) also has ``fetch``: a whole
+request over kept-alive connections of its own (agent/kube/keepalive.py), which ``request``
+uses instead of ``send``; watches always go through ``send``.
+
 ``request`` answers every HTTP status with a ``Response``; only a request that got no HTTP
 answer at all raises (``KubeAPIError`` with status 0). ``Response.raise_for_status`` turns a
 non-2xx answer into a ``KubeAPIError`` carrying the server's Status (reason, message, causes)
@@ -109,6 +113,9 @@ class KubeHTTP:
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
+        # Whole requests over the backend's own kept-alive connections, where it has them.
+        self._fetch = getattr(backend, "fetch", None) if getattr(backend, "keepalive", False) \
+            else None
 
     @property
     def server(self) -> str:
@@ -128,6 +135,16 @@ class KubeHTTP:
         timeout: Timeout = DEFAULT_TIMEOUT,
     ) -> Response:
         """One request; ``body`` is sent as is when bytes/str, else as JSON."""
+        if self._fetch is not None:
+            target, headers, payload = _prepare(path, query, body, content_type)
+            try:
+                answer = self._fetch(method, target, headers, payload, timeout)
+            except KubeAPIError:
+                raise
+            except Exception as err:  # socket/ssl errors, a bad answer: no HTTP answer
+                raise no_answer(method, path, err, server=self.server) from err
+            return Response(method, path, answer.status, answer.reason, answer.headers,
+                            answer.body)
         raw = self._send(method, path, query, body, content_type=content_type, timeout=timeout)
         try:
             data = raw.data
@@ -183,18 +200,7 @@ class KubeHTTP:
         timeout: Timeout,
         stream: bool = False,
     ) -> Any:
-        headers = {"Accept": "application/json"}
-        payload: bytes | None = None
-        if body is not None:
-            headers["Content-Type"] = content_type
-            if isinstance(body, bytes):
-                payload = body
-            elif isinstance(body, str):
-                payload = body.encode()
-            else:
-                payload = json.dumps(body, separators=(",", ":"), default=_jsonable).encode()
-        items = list(query.items()) if isinstance(query, Mapping) else list(query or ())
-        target = f"{path}?{urlencode(items)}" if items else path
+        target, headers, payload = _prepare(path, query, body, content_type)
         try:
             if stream:
                 return self.backend.send(method, target, headers, payload, _timeout(timeout),
@@ -204,6 +210,25 @@ class KubeHTTP:
             raise
         except Exception as err:  # urllib3/socket/ssl errors: no HTTP answer at all
             raise no_answer(method, path, err, server=self.server) from err
+
+
+def _prepare(path: str, query: Query | None, body: Any, content_type: str
+             ) -> tuple[str, dict[str, str], bytes | None]:
+    """The target (path and query), headers and bytes of a request."""
+    headers = {"Accept": "application/json"}
+    payload: bytes | None = None
+    if body is not None:
+        headers["Content-Type"] = content_type
+        if isinstance(body, bytes):
+            payload = body
+        elif isinstance(body, str):
+            payload = body.encode()
+        else:
+            payload = json.dumps(body, separators=(",", ":"), default=_jsonable).encode()
+    if not query:
+        return path, headers, payload
+    items = list(query.items()) if isinstance(query, Mapping) else list(query)
+    return f"{path}?{urlencode(items)}", headers, payload
 
 
 def _jsonable(value: Any) -> Any:
