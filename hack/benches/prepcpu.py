@@ -147,6 +147,27 @@ def main() -> None:
                             "metadata": {"name": "default", "namespace": "default"}})
             # who -> (driver, pid, stand-in, claim refs)
             drivers: dict[str, tuple[str, int, Any, list[ClaimRef]]] = {}
+
+            def claims_and_standin(node: str, prefix: str, gpu: str, nic: str, dirs: NodeDirs,
+                                   driver: str) -> tuple[Any, list[ClaimRef]]:
+                """8 claims allocated on ``node`` (every other one a NIC unless --gpu-only),
+                and a kubelet stand-in that has seen ``driver`` register."""
+                refs = []
+                for i in range(8):
+                    claim = cluster.create({
+                        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                        "metadata": {"name": f"{prefix}-{i}", "namespace": "default"},
+                        "spec": {"devices": {"requests": [{"name": "dev", "exactly": {
+                            "deviceClassName": gpu if (i % 2 or args.gpu_only) else nic}}]}}})
+                    allocate(cluster, claim, node, pod=pod_using(cluster, node, claim))
+                    meta = claim["metadata"]
+                    refs.append(ClaimRef(meta["namespace"], meta["name"], meta["uid"]))
+                standin = KubeletStandIn(dirs.kubelet / "plugins_registry", retry_initial=0.05)
+                standin.__enter__()
+                standins.append(standin)
+                standin.wait_registered(driver, timeout=30)
+                return standin, refs
+
             own = harness.REPO
             for n, variant in enumerate(variants):
                 node = f"node-cpu-{n}"
@@ -162,22 +183,8 @@ def main() -> None:
                 harness.REPO = own
                 agents.append(agent)
                 wait_settled(cluster, node, agent)
-                refs = []
-                for i in range(8):
-                    claim = cluster.create({
-                        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                        "metadata": {"name": f"c{n}-{i}", "namespace": "default"},
-                        "spec": {"devices": {"requests": [{"name": "dev", "exactly": {
-                            "deviceClassName": GPU_CLASS if (i % 2 or args.gpu_only)
-                            else NIC_CLASS}}]}}})
-                    allocate(cluster, claim, node, pod=pod_using(cluster, node, claim))
-                    meta = claim["metadata"]
-                    refs.append(ClaimRef(meta["namespace"], meta["name"], meta["uid"]))
-                standin = KubeletStandIn(dirs.kubelet / "plugins_registry", retry_initial=0.05)
-                standin.__enter__()
-                standins.append(standin)
-                standin.wait_registered(DRIVER, timeout=30)
-                drivers[variant.name] = (DRIVER, agent.pid, standin, refs)
+                drivers[variant.name] = (DRIVER, agent.pid, *claims_and_standin(
+                    node, f"c{n}", GPU_CLASS, NIC_CLASS, dirs, DRIVER))
             if args.peer:
                 node = "node-peer"
                 cluster.ensure_node(node)
@@ -208,22 +215,8 @@ def main() -> None:
                 procs.append(peer)
                 wait_for(lambda: any(s["spec"]["driver"] == PEER for s in cluster.slices(node)),
                          timeout=30, what="peer slices")
-                refs = []
-                for i in range(8):
-                    claim = cluster.create({
-                        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                        "metadata": {"name": f"peer-{i}", "namespace": "default"},
-                        "spec": {"devices": {"requests": [{"name": "dev", "exactly": {
-                            "deviceClassName": f"gpu.{PEER}" if (i % 2 or args.gpu_only)
-                            else f"nic.{PEER}"}}]}}})
-                    allocate(cluster, claim, node, pod=pod_using(cluster, node, claim))
-                    meta = claim["metadata"]
-                    refs.append(ClaimRef(meta["namespace"], meta["name"], meta["uid"]))
-                standin = KubeletStandIn(dirs.kubelet / "plugins_registry", retry_initial=0.05)
-                standin.__enter__()
-                standins.append(standin)
-                standin.wait_registered(PEER, timeout=30)
-                drivers["Go peer"] = (PEER, peer.pid, standin, refs)
+                drivers["Go peer"] = (PEER, peer.pid, *claims_and_standin(
+                    node, "peer", f"gpu.{PEER}", f"nic.{PEER}", dirs, PEER))
 
             def cycle(who: str, i: int) -> None:
                 driver, _, standin, refs = drivers[who]
