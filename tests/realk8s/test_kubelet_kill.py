@@ -93,9 +93,22 @@ def start(node: Node, agents: list[AgentProcess], name: str,
     agents.append(agent)
     if wait:
         wait_settled(node.cluster, node.name, agent, quiet=0.3)
-        wait_for(lambda: "registered with the kubelet" in agent.logs(), timeout=20,
-                 what=f"the kubelet registering {name}")
+        registered(agent)
     return agent
+
+
+def registered(agent: AgentProcess) -> None:
+    """Wait until the kubelet has registered ``agent``, the instance started after a kill.
+
+    Until then the kubelet still holds the killed instance's registration, and its gRPC
+    connection to the same socket path reconnects to the new instance: a retried call can
+    succeed before the registration. When the kubelet then notices the socket was replaced,
+    it deregisters the old instance and closes that connection, cancelling a call in flight
+    on it on the kubelet's side ("the client connection is closing"; the agent itself
+    completed it). The kubelet retries such a call; the calls this test asserts succeed at
+    the first try are therefore sent after the registration settled."""
+    wait_for(lambda: "registered with the kubelet" in agent.logs(), timeout=20,
+             what=f"the kubelet registering {agent.log.name}")
 
 
 def until_ok(call: Any, pod: dict[str, Any], timeout: float = 30) -> list[str]:
@@ -139,10 +152,11 @@ def test_kill_during_prepare_the_kubelet_retries(
     assert error, "prepare succeeded although the agent was killed during it"
     assert_killed_at(doomed, point)
 
-    # Started, and the kubelet's call re-sent at once: it fails until the kubelet has
-    # registered the new instance, then succeeds.
+    # Started, and the kubelet's call re-sent at once: it fails until the new instance
+    # answers (through the old registration's connection or the new one), then succeeds.
     agent = start(node, agents, "restarted", wait=False)
     until_ok(node.kubelet.prepare, pod)
+    registered(agent)
     assert_prepared(node.dirs, claim)
     assert_container_ids(node, pod, claim)
 
@@ -168,6 +182,7 @@ def test_kill_during_unprepare_the_kubelet_retries(
     agent = start(node, agents, "restarted", wait=False)
     until_ok(node.kubelet.unprepare, pod)
     assert_nothing_left(node.dirs)
+    registered(agent)
     # The kubelet forgot the claim: preparing the pod again is a fresh prepare that cleans up.
     node.kubelet.active([pod])
     assert node.kubelet.prepare(pod) == ""
