@@ -81,6 +81,20 @@ class RawAnswer:
 
 
 @dataclass(frozen=True, slots=True)
+class Head:
+    """An answer's status line and headers, and how its body is delimited: ``framing`` is
+    "none", "chunked", "length" (``length`` bytes) or "close" (until the server closes)."""
+
+    status: int
+    reason: str
+    headers: dict[str, str]
+    framing: str
+    length: int
+    #: Whether the connection may carry another request once the body is read.
+    reusable: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Endpoint:
     """Where connections go: ``server`` (scheme://host[:port][/prefix]) and its TLS."""
 
@@ -205,22 +219,71 @@ class Connection:
 
     def read_answer(self, method: str, deadline: Deadline) -> tuple[RawAnswer, bool]:
         """The answer and whether the connection can be reused."""
+        head = self.read_head(method, deadline)
+        if head.framing == "none":
+            body = b""
+        elif head.framing == "chunked":
+            body = self._read_chunked(deadline)
+        elif head.framing == "length":
+            body = self._read_exactly(head.length, deadline)
+        else:
+            body = self._read_to_close(deadline)
+        return (RawAnswer(head.status, head.reason, head.headers, body),
+                head.reusable and not self.buf)
+
+    def read_head(self, method: str, deadline: Deadline) -> Head:
+        """The status line and headers of the answer (past any 1xx), and how its body is
+        delimited; the body is left in the buffer and the socket."""
         while True:
             status, reason, version, headers = self._read_head(deadline)
             if not (100 <= status < 200) or status == 101:
                 break  # 1xx (103 Early Hints, an unasked-for 100) come before the answer
         tokens = headers.get("connection", "").lower()
         reusable = ("close" not in tokens) if version == "HTTP/1.1" else ("keep-alive" in tokens)
+        length = 0
         if method == "HEAD" or status in _NO_BODY_STATUSES:
-            body = b""
+            framing = "none"
         elif "chunked" in headers.get("transfer-encoding", "").lower():
-            body = self._read_chunked(deadline)
-        elif (length := headers.get("content-length")) is not None:
-            body = self._read_exactly(_content_length(length), deadline)
+            framing = "chunked"
+        elif (value := headers.get("content-length")) is not None:
+            framing, length = "length", _content_length(value)
         else:  # delimited by the server closing the connection (HTTP/1.0 style)
-            body = self._read_to_close(deadline)
-            reusable = False
-        return RawAnswer(status, reason, headers, body), reusable and not self.buf
+            framing, reusable = "close", False
+        return Head(status, reason, headers, framing, length, reusable)
+
+    def chunk_size(self, deadline: Deadline) -> int:
+        """The size line of the next chunk, consumed; at the last chunk (0) its trailers
+        are consumed too."""
+        buf = self.buf
+        while (end := buf.find(b"\r\n")) < 0:
+            if len(buf) > 4096:
+                raise BadAnswerError("a chunk size line of the answer is too long")
+            self._fill(deadline)
+        size_text = bytes(buf[:end]).split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise BadAnswerError(f"bad chunk size in the answer: {size_text[:20]!r}") \
+                from None
+        if size < 0:
+            raise BadAnswerError("negative chunk size in the answer")
+        del buf[: end + 2]
+        if size == 0:
+            self._skip_trailers(deadline)
+        return size
+
+    def chunk_end(self, deadline: Deadline) -> None:
+        """The CRLF after a chunk's data, consumed."""
+        while len(self.buf) < 2:
+            self._fill(deadline)
+        if self.buf[:2] != b"\r\n":
+            raise BadAnswerError("a chunk of the answer does not end in CRLF")
+        del self.buf[:2]
+
+    def fill_buffer(self, deadline: Deadline) -> None:
+        """Read more of the answer into ``buf``; ``ServerClosedError`` at the end of the
+        stream."""
+        self._fill(deadline)
 
     def _read_head(self, deadline: Deadline) -> tuple[int, str, str, dict[str, str]]:
         buf = self.buf
@@ -259,29 +322,18 @@ class Connection:
     def _read_chunked(self, deadline: Deadline) -> bytes:
         buf = self.buf
         body = bytearray()
-        while True:
-            while (end := buf.find(b"\r\n")) < 0:
-                if len(buf) > 4096:
-                    raise BadAnswerError("a chunk size line of the answer is too long")
-                self._fill(deadline)
-            size_text = bytes(buf[:end]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise BadAnswerError(f"bad chunk size in the answer: {size_text[:20]!r}") \
-                    from None
-            if size < 0:
-                raise BadAnswerError("negative chunk size in the answer")
-            del buf[: end + 2]
-            if size == 0:
-                break
+        while size := self.chunk_size(deadline):
             while len(buf) < size + 2:
                 self._fill(deadline)
             if buf[size:size + 2] != b"\r\n":
                 raise BadAnswerError("a chunk of the answer does not end in CRLF")
             body += buf[:size]
             del buf[: size + 2]
-        # Trailers (never sent by the API server) up to the empty line.
+        return bytes(body)
+
+    def _skip_trailers(self, deadline: Deadline) -> None:
+        """Trailers (never sent by the API server) up to the empty line."""
+        buf = self.buf
         while True:
             while (end := buf.find(b"\r\n")) < 0:
                 if len(buf) > MAX_HEAD:
@@ -289,7 +341,7 @@ class Connection:
                 self._fill(deadline)
             del buf[: end + 2]
             if end == 0:
-                return bytes(body)
+                return
 
     def _read_to_close(self, deadline: Deadline) -> bytes:
         while True:

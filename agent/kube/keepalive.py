@@ -6,8 +6,8 @@ every NodePrepareResources, so that is CPU per prepare. This speaks just the HTT
 server needs over plain or ``ssl`` sockets: one request written in one send, an answer with
 ``Content-Length`` or chunked, read into one buffer, headers split by hand.
 
-Used by ``agent.kube.lean`` for requests only when no proxy is configured; watches (long
-streams) and proxied servers keep urllib3.
+Used by ``agent.kube.lean`` when no proxy is configured, for requests and, in a pool of their
+own, watches (``open_stream``: the answer read as it comes); proxied servers keep urllib3.
 
 Connections: at most ``maxsize`` open at once (a request beyond that waits, within its
 timeout, for one to be free), the most recently used reused first, dropped after ``IDLE_S``
@@ -31,6 +31,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from agent.kube.http11 import (
     IDEMPOTENT,
@@ -48,6 +49,9 @@ from agent.kube.http11 import (
     ServerClosedError,
     Timeout,
 )
+from agent.kube.streamed import StreamedAnswer
+
+_T = TypeVar("_T")
 
 #: A request path with a control character or a space could split the request line.
 _BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
@@ -115,6 +119,34 @@ class KeepAlivePool:
         (a header value that cannot be sent)."""
         data = self._encode(method, target, headers, body)
         deadline = Deadline(timeout, self._clock())
+        conn, (answer, reusable) = self._exchange(
+            method, data, deadline, lambda conn: conn.read_answer(method, deadline))
+        conn.requests += 1
+        self._give_back(conn, reusable)
+        return answer
+
+    def open_stream(
+        self,
+        method: str,
+        target: str,
+        headers: Mapping[str, str],
+        timeout: Timeout,
+    ) -> StreamedAnswer:
+        """Send a request without a body and read its answer's head: the body (a watch's
+        events) is read as it comes from the ``StreamedAnswer``, which holds the connection
+        until it is closed. ``timeout`` bounds each read as for ``request``. Raises as
+        ``request`` does."""
+        data = self._encode(method, target, headers, None)
+        deadline = Deadline(timeout, self._clock())
+        conn, head = self._exchange(method, data, deadline,
+                                    lambda conn: conn.read_head(method, deadline))
+        conn.requests += 1
+        return StreamedAnswer(self, conn, head, deadline)
+
+    def _exchange(self, method: str, data: bytes, deadline: Deadline,
+                  read: Callable[[Connection], _T]) -> tuple[Connection, _T]:
+        """Send ``data`` over a connection and ``read`` its answer (or the answer's head),
+        sent again once where that is safe; the connection is the caller's after."""
         address = self.endpoint.address
         for attempt in (1, 2):
             conn, reused = self._take(deadline)
@@ -127,18 +159,18 @@ class KeepAlivePool:
                     raise
                 except OSError as err:
                     raise NothingSentError(err) from err
-                answer, reusable = conn.read_answer(method, deadline)
+                return conn, read(conn)
             except NothingSentError as err:
-                self._drop(conn)
+                self.discard(conn)
                 if reused and attempt == 1:
                     continue  # it never reached the server whole: safe for any method
                 raise ServerClosedError(f"sending to {address}: {err.err}") from err.err
             except TimeoutError as err:
-                self._drop(conn)
+                self.discard(conn)
                 raise ReadTimeoutError(f"no answer from {address} in time "
                                        f"({deadline.describe()})") from err
             except ConnectionResetError as err:  # ServerClosedError among them
-                self._drop(conn)
+                self.discard(conn)
                 if method not in IDEMPOTENT:
                     # It may have been applied: never sent twice.
                     raise ServerClosedError(
@@ -150,14 +182,11 @@ class KeepAlivePool:
                 raise ServerClosedError(f"{address} closed the connection before answering"
                                         ) from err
             except OSError as err:  # ssl errors, host unreachable mid-request
-                self._drop(conn)
+                self.discard(conn)
                 raise ConnectError(f"reading the answer from {address}: {err}") from err
             except BaseException:
-                self._drop(conn)
+                self.discard(conn)
                 raise
-            conn.requests += 1
-            self._give_back(conn, reusable)
-            return answer
         raise AssertionError("unreachable")  # pragma: no cover (the loop returns or raises)
 
     def _encode(self, method: str, target: str, headers: Mapping[str, str],
@@ -266,7 +295,8 @@ class KeepAlivePool:
             self._notify()
         conn.close()
 
-    def _drop(self, conn: Connection) -> None:
+    def discard(self, conn: Connection) -> None:
+        """Close a connection taken from the pool rather than give it back."""
         conn.close()
         with self._lock:
             self._open -= 1

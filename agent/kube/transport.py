@@ -114,8 +114,9 @@ class KubeHTTP:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         # Whole requests over the backend's own kept-alive connections, where it has them.
-        self._fetch = getattr(backend, "fetch", None) if getattr(backend, "keepalive", False) \
-            else None
+        keepalive = getattr(backend, "keepalive", False)
+        self._fetch = getattr(backend, "fetch", None) if keepalive else None
+        self._open_stream = getattr(backend, "open_stream", None) if keepalive else None
 
     @property
     def server(self) -> str:
@@ -167,7 +168,16 @@ class KubeHTTP:
         timeout: Timeout = DEFAULT_TIMEOUT,
     ) -> LineStream:
         """A long answer read line by line (watch); a non-2xx answer raises at once."""
-        raw = self._send(method, path, query, None, timeout=timeout, stream=True)
+        if self._open_stream is not None:
+            target, headers, _ = _prepare(path, query, None, "")
+            try:
+                raw = self._open_stream(method, target, headers, timeout)
+            except KubeAPIError:
+                raise
+            except Exception as err:  # socket/ssl errors, a bad answer: no HTTP answer
+                raise no_answer(method, path, err, server=self.server) from err
+        else:
+            raw = self._send(method, path, query, None, timeout=timeout, stream=True)
         if not 200 <= int(raw.status) < 300:
             try:
                 data = raw.data
