@@ -141,7 +141,7 @@ class KeepAlivePool:
         conn, head = self._exchange(method, data, deadline,
                                     lambda conn: conn.read_head(method, deadline))
         conn.requests += 1
-        return StreamedAnswer(self, conn, head, deadline)
+        return StreamedAnswer(self.discard, conn, head, deadline)
 
     def _exchange(self, method: str, data: bytes, deadline: Deadline,
                   read: Callable[[Connection], _T]) -> tuple[Connection, _T]:

@@ -17,12 +17,11 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent.kube.http11 import Connection, Deadline, Head
-    from agent.kube.keepalive import KeepAlivePool
 
 __all__ = ["StreamedAnswer"]
 
@@ -31,9 +30,11 @@ class StreamedAnswer:
     """The head of an answer and its body as it comes; ``shutdown`` from another thread
     ends a read in progress."""
 
-    def __init__(self, pool: KeepAlivePool, conn: Connection, head: Head,
+    def __init__(self, discard: Callable[[Connection], None], conn: Connection, head: Head,
                  deadline: Deadline) -> None:
-        self._pool = pool
+        # ``discard`` closes the connection and frees its place in the pool it came from
+        # (``KeepAlivePool.discard``); a callable, so this module need not know the pool.
+        self._discard = discard
         self._conn = conn
         self._head = head
         self._deadline = deadline
@@ -97,7 +98,7 @@ class StreamedAnswer:
             if self._released:
                 return
             self._released = True
-        self._pool.discard(self._conn)
+        self._discard(self._conn)
 
     def close(self) -> None:
         self.release_conn()
