@@ -177,17 +177,23 @@ def class_selects(slices: Sequence[Mapping[str, Any]], node_name: str, check: Se
     return selects
 
 
-def node_capacity(api: KubeHTTP, node_name: str) -> dict[str, str]:
-    """The extended resources the Node advertises; {} (and one log line) when it cannot be
-    read: the check must not keep a node from starting because the API server is slow."""
+def read_node(api: KubeHTTP, node_name: str) -> Mapping[str, Any] | None:
+    """The Node object; None (and one log line) when it cannot be read: the check must not
+    keep a node from starting because the API server is slow."""
     try:
         node = api.request("GET", f"/api/v1/nodes/{quote(node_name, safe='')}",
                            timeout=10.0).raise_for_status().json()
     except KubeAPIError as err:
         log.warning("device-plugin overlap: Node not read, the kubelet's checkpoint alone "
                     "tells", extra={"node": node_name, "error": str(err)})
-        return {}
-    return advertised_in_capacity(node) if isinstance(node, Mapping) else {}
+        return None
+    return node if isinstance(node, Mapping) else None
+
+
+def node_capacity(api: KubeHTTP, node_name: str) -> dict[str, str]:
+    """The extended resources the Node advertises; {} when it cannot be read."""
+    node = read_node(api, node_name)
+    return advertised_in_capacity(node) if node is not None else {}
 
 
 def cluster_classes(

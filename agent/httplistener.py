@@ -135,7 +135,9 @@ class Listener:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            for key, _ in self._select.select(timeout=0.5):
+            # With no connection to time out, sleep until one comes (or stop() wakes us):
+            # an idle agent's listener costs no wake-up. Else every half second, to expire.
+            for key, _ in self._select.select(timeout=0.5 if self._waiting else None):
                 if key.fileobj is self._sock:
                     self._accept()
                 elif key.fileobj is self._wake_r:

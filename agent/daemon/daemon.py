@@ -62,6 +62,14 @@ if TYPE_CHECKING:  # the slices and the HTTP endpoint load after registration
 
 log = logging.getLogger("agent.daemon")
 
+#: The run loop's period until "agent ready" is said (the line follows readiness closely),
+#: then afterwards: a dead vital thread is fatal within it, and a STATUS= line follows the
+#: kubelet's confirmation within it. Every wake-up of an idle agent is CPU a Go driver does
+#: not spend (docs/benchmarks.md, the fleet's idle rows); /healthz and /readyz answer from
+#: the parts themselves, not from this loop.
+_READY_CHECK_S = 0.5
+_RUN_CHECK_S = 2.0
+
 
 class Daemon:
     """One running agent. ``run()`` blocks until ``request_stop()`` or a fatal error."""
@@ -175,9 +183,10 @@ class Daemon:
         self.metrics.bind()
         if client is not None:
             machine.connect(cfg, client, self.environ)
+        node_uid = None
         if capacity_pending and client is not None:
-            machine.refuse_capacity_overlap(cfg, client, inventory)
-        self._start_slices(client)
+            node_uid = machine.refuse_capacity_overlap(cfg, client, inventory)
+        self._start_slices(client, node_uid)
         self._publish(inventory)
         self._start_hotplug(sources, discovery_options, inventory)
         self._start_simulated_faults(sources)
@@ -191,12 +200,14 @@ class Daemon:
         self.notifier.ready(self._status_text())
         self._log_ready()
 
-    def _start_slices(self, client: KubeHTTP | None) -> None:
+    def _start_slices(self, client: KubeHTTP | None, node_uid: str | None = None) -> None:
+        """``node_uid``: the Node's UID as just read (None: the controller looks it up)."""
         # Lazy: the controller (and its first request) after the kubelet can register us.
         from agent import slices
 
+        owner = slices.Owner(kind="Node", name=self.cfg.node_name, uid=node_uid)
         self.controller = slices.start(
-            client, self.cfg.driver_name, slices.Owner(kind="Node", name=self.cfg.node_name),
+            client, self.cfg.driver_name, owner,
             None, metrics=self.metrics, resync_period_s=self.options.resync_period_s,
             stop_event=self.stop_event, on_error=self._background_error,
             list_attributes={"list": True, "scalar": False}.get(self.cfg.numa_node_attribute),
@@ -376,7 +387,8 @@ class Daemon:
         """Wait (after ``start()``) for a stop request or a dead background thread, then shut
         down; 1 when a vital thread died, else 0."""
         try:
-            while not self.stop_event.wait(0.5):
+            while not self.stop_event.wait(_READY_CHECK_S if not self._said_ready
+                                           else _RUN_CHECK_S):
                 self._log_ready()
                 self._update_status()
                 ok, why = self._check_threads()

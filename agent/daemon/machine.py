@@ -206,14 +206,22 @@ def refuse_device_plugin_overlap(cfg: Config, client: KubeHTTP | None,
     return False
 
 
-def refuse_capacity_overlap(cfg: Config, client: KubeHTTP, inventory: Inventory) -> None:
+def refuse_capacity_overlap(cfg: Config, client: KubeHTTP, inventory: Inventory) -> str | None:
     """The rest of ``refuse_device_plugin_overlap``: the Node's ``status.capacity``, before
-    the first ResourceSlice is published."""
+    the first ResourceSlice is published. Returns the Node's UID as read (None when it could
+    not be): the slices' owner reference needs it, and a second GET of the same Node a moment
+    later was one request in seven of a start."""
     from agent import deviceplugins as dp
 
-    advertised = dp.node_capacity(client, cfg.node_name)
+    node = dp.read_node(client, cfg.node_name)
+    if node is None:
+        return None
+    advertised = dp.advertised_in_capacity(node)
     if advertised:
         _refuse_advertised(cfg, client, inventory, advertised)
+    meta = node.get("metadata")
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    return uid if isinstance(uid, str) and uid else None
 
 
 def _refuse_advertised(cfg: Config, client: KubeHTTP | None, inventory: Inventory,

@@ -51,6 +51,7 @@ class HealthMonitor:
         *,
         events: Sequence[DeviceEvents] = (),
         stop_event: threading.Event | None = None,
+        link_events: Callable[[], DeviceEvents | None] | None = None,
     ) -> None:
         self.sources = sources
         self.driver_name = driver_name
@@ -62,6 +63,8 @@ class HealthMonitor:
         #: stream waits on it.
         self.changes = ChangeFeed()
         self._events: tuple[DeviceEvents, ...] = tuple(events)
+        #: Opens the source of link messages (None: rtnetlink, on the host's own sysfs only).
+        self._link_events = link_events
         self._stop = stop_event or threading.Event()
         self._lock = threading.Lock()  # guards the tracker
         self._tracker = Tracker(options.quiet_period_s, options.min_publish_interval_s)
@@ -73,6 +76,8 @@ class HealthMonitor:
         self._threads: list[threading.Thread] = []
         self._deadline: float | None = None
         self._next_nic = 0.0
+        #: The link-state poll period: ``nic_poll_s``, or the backstop with link messages.
+        self._nic_period = options.nic_poll_s
         #: Number of on_change calls, for tests and benchmarks.
         self.publishes = 0
 
@@ -89,11 +94,14 @@ class HealthMonitor:
             self._gpu = GpuWatcher(self.sources.gpu, self.options, self,
                                    inventory=self._inventory, stop=self._stop, clock=self.clock)
             self._gpu.setup()
-        if self.options.link_events and self.sources.sysfs_root == Path("/sys"):
-            # Only the host's own sysfs changes with the host's netlink messages.
-            link = open_link_events()
+        opener = self._link_events
+        if opener is None and self.sources.sysfs_root == Path("/sys"):
+            opener = open_link_events  # only the host's sysfs changes with its netlink messages
+        if self.options.link_events and opener is not None:
+            link = opener()
             if link is not None:
                 self._events += (link,)
+                self._nic_period = max(self.options.nic_poll_s, self.options.nic_backstop_s)
         self._cycle(poll_nics=True)
         self._spawn(self._run, "health-worker")
         if self._gpu is not None:
@@ -202,7 +210,7 @@ class HealthMonitor:
         if poll_nics:
             self._nic_now = False
             nic_levels = self._nic.poll(inventory)
-            self._next_nic = self.clock() + self.options.nic_poll_s
+            self._next_nic = self.clock() + self._nic_period
         gpu_levels = self._static_levels(inventory)
         if self._gpu is not None:
             gpu_levels.update(self._gpu.levels(inventory))

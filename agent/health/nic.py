@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 from pathlib import Path
 
 from agent.health.model import Condition, Kind
@@ -32,19 +33,34 @@ SOURCE = "nic"
 _NIC_TYPES = (DeviceType.NIC, DeviceType.VF)
 _DOWN_OPERSTATES = frozenset({"lowerlayerdown", "notpresent"})
 _ACTIVE_PORT_STATES = frozenset({"4", "5"})  # ACTIVE, ACTIVE_DEFER
+#: More than any of the files read holds ("4: ACTIVE", "lowerlayerdown").
+_MAX_READ = 4096
 
 
-def _read(path: Path) -> str | None:
+def _read(path: str) -> str | None:
     """File contents stripped; None when absent or unreadable (e.g. carrier while admin-down
-    answers EINVAL)."""
+    answers EINVAL). One open and one read of a string path: a poll reads three files per
+    NIC, and pathlib's joins and text wrapper were three quarters of its time."""
     try:
-        return path.read_text().strip()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as err:
-        if err.errno != errno.EINVAL:
-            log.debug("cannot read", extra={"path": str(path), "error": err.strerror})
+        _unreadable(path, err)
         return None
+    try:
+        data = os.read(fd, _MAX_READ)
+    except OSError as err:
+        _unreadable(path, err)
+        return None
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace").strip()
+
+
+def _unreadable(path: str, err: OSError) -> None:
+    if err.errno != errno.EINVAL:
+        log.debug("cannot read", extra={"path": path, "error": err.strerror})
 
 
 class NicProbe:
@@ -52,16 +68,24 @@ class NicProbe:
 
     def __init__(self, sysfs_root: Path) -> None:
         self.sysfs_root = sysfs_root
+        root = str(sysfs_root)
+        self._pci = f"{root}/bus/pci/devices/"
+        self._net = f"{root}/class/net/"
+        self._ib = f"{root}/class/infiniband/"
 
     def _function_exists(self, bdf: str) -> bool:
-        return (self.sysfs_root / "bus/pci/devices" / bdf).exists()
+        try:
+            os.stat(self._pci + bdf)
+        except OSError:
+            return False
+        return True
 
     def _netdev(self, if_name: str) -> list[Condition]:
-        base = self.sysfs_root / "class/net" / if_name
-        operstate = _read(base / "operstate")
+        base = self._net + if_name
+        operstate = _read(base + "/operstate")
         if operstate is None:
             return []  # not in our namespace (moved into a pod) or gone with its function
-        carrier = _read(base / "carrier")
+        carrier = _read(base + "/carrier")
         if carrier == "0":
             return [Condition(Kind.LINK_DOWN, "carrier",
                               f"link down on {if_name} (carrier 0, operstate {operstate})")]
@@ -71,14 +95,14 @@ class NicProbe:
         return []
 
     def _rdma(self, rdma: str) -> list[Condition]:
-        ports = self.sysfs_root / "class/infiniband" / rdma / "ports"
+        ports = f"{self._ib}{rdma}/ports/"
         try:
-            names = sorted(p.name for p in ports.iterdir())
+            names = sorted(os.listdir(ports))
         except OSError:
             return []
         out = []
         for port in names:
-            state = _read(ports / port / "state")
+            state = _read(f"{ports}{port}/state")
             if state is None:
                 continue
             number, _, label = state.partition(":")

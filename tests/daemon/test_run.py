@@ -144,6 +144,11 @@ def test_restart_with_same_hardware_writes_nothing(workdir: Path, apiserver: Fak
     assert writes == []
     probes = [r for r in apiserver.requests if r.query.get("dryRun") == "All"]
     assert len(probes) == 1  # numaNode's form is asked once per start
+    # The Node is read once: its capacity (the device-plugin check) and its UID (the
+    # slices' owner) come from the same GET.
+    node_gets = [r for r in apiserver.requests
+                 if r.verb == "get" and r.path == f"/api/v1/nodes/{NODE}"]
+    assert len(node_gets) == 1, node_gets
     after = {s["metadata"]["name"]: s["metadata"]["resourceVersion"]
              for s in apiserver.list_objects("resourceslices")}
     assert after == before

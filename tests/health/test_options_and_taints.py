@@ -73,6 +73,8 @@ def test_bad_effects_are_refused(text: str, needle: str) -> None:
     ({"effects": {Kind.XID: "Evict"}}, "taint effect 'Evict'"),
     ({"quiet_period_s": -1}, "quiet_period_s must not be negative"),
     ({"nic_poll_s": 0}, "must be positive"),
+    ({"nic_backstop_s": 0}, "must be positive"),
+    ({"nic_backstop_s": -5}, "nic_backstop_s must not be negative"),
     ({"gpu_wait_ms": 0}, "must be positive"),
 ])
 def test_bad_options_are_refused(kw: dict[str, object], needle: str) -> None:

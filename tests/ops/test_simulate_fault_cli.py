@@ -18,6 +18,7 @@ from agent.cli import main
 from agent.health.options import HealthOptions
 from agent.simfaults.inbox import FaultInbox
 from agent.simfaults.layout import REJECTED_SUBDIR, agent_lock_path
+from discovery.model import Inventory
 from discovery.scan import discover
 from discovery.simulate import scratch_dir, simulated_sources
 
@@ -181,3 +182,36 @@ def test_the_command_imports_no_simulation_and_no_grpc() -> None:
          "print(sorted(m for m in sys.modules if m.startswith(('discovery.simulate', 'grpc'))))"],
         capture_output=True, text=True, timeout=60, check=False)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_quiet_inbox_is_looked_into_less_often(tmp_path: Path) -> None:
+    """``poll_s`` for ``BUSY_S`` after the start and after each request, ``idle_poll_s`` once
+    quiet that long: an idle simulated agent wakes once a second, not five times."""
+    from agent.simfaults.inbox import BUSY_S
+
+    now = [0.0]
+    polls: list[float] = []
+
+    class Counting(FaultInbox):
+        def poll(self) -> int:
+            polls.append(now[0])
+            return super().poll()
+
+    stop = threading.Event()
+    inbox = Counting(tmp_path / "inbox", None, lambda: Inventory(devices=()),
+                     health=HealthOptions(), stop=stop, poll_s=0.01, idle_poll_s=3600,
+                     clock=lambda: now[0])
+    thread = threading.Thread(target=inbox.run)
+    thread.start()
+    try:
+        assert not stop.wait(0.3)
+        busy = len(polls)
+        now[0] = BUSY_S + 1  # quiet for longer than BUSY_S
+        assert not stop.wait(0.3)
+        quiet = len(polls) - busy
+    finally:
+        stop.set()
+        thread.join(5)
+    assert busy >= 5, polls
+    # The round under way when the clock moved may take one more look; then 3600 s.
+    assert quiet <= 2, polls
