@@ -58,22 +58,52 @@ def checksum(document: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
 
 
-def encode(data: CheckpointData) -> bytes:
+#: uid -> (the record, its member of ``claims``): what ``encode`` may reuse. A record is
+#: immutable (a frozen dataclass whose changes are new records), so a cached text stays right
+#: for as long as the record it was made from is the one the checkpoint holds.
+RecordTexts = dict[str, tuple[ClaimRecord, str]]
+
+
+def record_member(uid: str, record: ClaimRecord) -> str:
+    """``"<uid>":<record>`` in canonical JSON (sorted keys, no whitespace), as the file's
+    ``claims`` object holds it."""
+    return json.dumps(uid, ensure_ascii=False) + ":" + json.dumps(
+        record.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def encode(data: CheckpointData, texts: RecordTexts | None = None) -> bytes:
     """The file's bytes. Raises ``UnicodeEncodeError`` for a string that is not valid Unicode
-    (a lone surrogate) and ``ValueError``/``TypeError`` for a value JSON cannot hold."""
+    (a lone surrogate) and ``ValueError``/``TypeError`` for a value JSON cannot hold.
+
+    ``texts`` (kept by the caller between writes) holds each record's text from an earlier
+    write: only records changed since are encoded again, and it is left holding the records
+    written now. Encoding every record at every write made a prepare's CPU grow with the
+    claims a node holds (64 claims: 2 ms of encoding per prepare+unprepare, 0.06 ms at one).
+    """
+    cache: RecordTexts = {} if texts is None else texts
+    fresh: RecordTexts = {}
+    for uid, record in data.claims.items():
+        known = cache.get(uid)
+        fresh[uid] = known if known is not None and known[0] is record else (
+            record, record_member(uid, record))
+    if texts is not None:
+        texts.clear()
+        texts.update(fresh)
     doc: dict[str, Any] = dict(data.extra)
     doc["schemaVersion"] = max(data.schema_version, SCHEMA_VERSION)
-    doc["claims"] = {uid: data.claims[uid].to_json() for uid in sorted(data.claims)}
     doc.pop("checksum", None)
+    doc.pop("claims", None)
     # One encoding of the members serves both the checksum and the file: the file is the
     # canonical text with the checksum member in its sorted place, which is what
     # ``json.dumps(doc, sort_keys=True)`` writes whenever the text is ASCII (it escapes
     # nothing then). Encoding the document twice was a tenth of a checkpoint write's CPU.
     members = {key: json.dumps(doc[key], sort_keys=True, separators=(",", ":"),
                                ensure_ascii=False) for key in doc}
+    members["claims"] = "{" + ",".join(fresh[uid][1] for uid in sorted(fresh)) + "}"
     canon = _object(members)
     digest = "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
     if not canon.isascii():  # the file escapes what the canonical text keeps
+        doc["claims"] = {uid: data.claims[uid].to_json() for uid in data.claims}
         doc["checksum"] = digest
         return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
     members["checksum"] = json.dumps(digest)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import re
@@ -46,7 +45,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from agent.checkpoint.codec import CheckpointCorruptError, decode, encode, salvage
+from agent.checkpoint.codec import (
+    CheckpointCorruptError,
+    RecordTexts,
+    decode,
+    encode,
+    record_member,
+    salvage,
+)
 from agent.checkpoint.groupcommit import GroupCommit, Request
 from agent.checkpoint.model import CheckpointData, ClaimRecord
 from agent.checkpoint.unreadable import HELD_LINE
@@ -124,6 +130,9 @@ class CheckpointStore:
         self._cache_key: tuple[int, int, int] | None = None
         #: The cache holds a ``durable=False`` change the file does not have yet.
         self._unwritten = False
+        #: Each record's encoded text, reused by the next write while the record is unchanged
+        #: (``codec.encode``); under ``_lock``.
+        self._texts: RecordTexts = {}
         #: Paths the corrupt files were moved to during this process's life.
         self.corrupt_copies: list[Path] = []
 
@@ -328,14 +337,16 @@ class CheckpointStore:
         for uid, record in claims.items():
             if before.get(uid) is not record:
                 try:
-                    json.dumps(record.to_json(), ensure_ascii=False).encode()
+                    text = record_member(uid, record)
+                    text.encode()  # a lone surrogate fails here
                 except (ValueError, TypeError, RecursionError) as err:
                     raise CheckpointWriteError(self.path, _encode_error(uid, err)) from err
+                self._texts[uid] = (record, text)  # the write reuses it
 
     def _write_locked(self, data: CheckpointData) -> None:
         # Encoding comes first and touches nothing: if it fails, the cache is as it was.
         try:
-            raw = encode(data)
+            raw = encode(data, self._texts)
         except (ValueError, TypeError, RecursionError) as err:
             raise CheckpointWriteError(self.path, _encode_error(None, err)) from err
         if len(raw) > MAX_CHECKPOINT_BYTES:

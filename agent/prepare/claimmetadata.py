@@ -125,8 +125,11 @@ class ClaimMetadata:
                     other.namespace, other.name) == (ref.namespace, ref.name):
                 return
         name = claim_dir(self.files.root, ref.namespace, ref.name).name
+        requests = self.files.requests(name)
+        if requests is None:  # no directory of the claim's: the usual unprepare, metadata off
+            return
         try:
-            self.files.remove(name, self.files.requests(name))
+            self.files.remove(name, requests)
         except MetadataFileError as err:
             raise DeviceMetadataError(
                 str(ref), f"cannot remove device metadata {err.path}: {err.why}") from err

@@ -25,7 +25,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from agent.common.k8snames import dns_label_problem, dns_subdomain_problem
@@ -152,25 +152,28 @@ class HostMetadataFiles:
         """(namespace, name, request) of every directory of ours that could hold a file: what
         start-up compares with the checkpoint. Names that no claim can have are left alone."""
         found: set[tuple[str, str, str]] = set()
-        for claim_dir in self._list(()):
+        for claim_dir in self._list(()) or ():
             namespace, sep, name = claim_dir.partition("_")
             if not sep or dns_label_problem(namespace) or dns_subdomain_problem(name):
                 continue
-            for request in self._list((claim_dir,)):
+            for request in self._list((claim_dir,)) or ():
                 if dns_label_problem(request) is None:
                     found.add((namespace, name, request))
         return found
 
-    def requests(self, claim_dir: str) -> list[str]:
-        """The request directories in ``root/claim_dir`` whose names could be ours."""
-        return [r for r in self._list((claim_dir,)) if dns_label_problem(r) is None]
+    def requests(self, claim_dir: str) -> list[str] | None:
+        """The request directories in ``root/claim_dir`` whose names could be ours; None when
+        there is no such directory to look into (nothing to remove, not even it)."""
+        found = self._list((claim_dir,))
+        return None if found is None else [r for r in found if dns_label_problem(r) is None]
 
-    def _list(self, parts: Sequence[str]) -> Iterator[str]:
-        """Subdirectories of ``root/parts`` (not links); nothing when it is not a directory."""
+    def _list(self, parts: Sequence[str]) -> list[str] | None:
+        """Subdirectories of ``root/parts`` (not links), sorted; None when it is not a
+        directory that can be opened."""
         try:
             fd = self._open_dirs(parts, create=False, target=self.root.joinpath(*parts))
         except MetadataFileError:
-            return
+            return None
         try:
             names = os.listdir(fd)
             dirs = [n for n in names
@@ -179,7 +182,7 @@ class HostMetadataFiles:
             dirs = []
         finally:
             os.close(fd)
-        yield from sorted(dirs)
+        return sorted(dirs)
 
     # -- remove ---------------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ Cases:
 * prepare + unprepare of a 1-GPU claim through the plugin's framework, in-process: claim
   parsing, the checkpoint's writes (one fsync per call) and the CDI spec, device metadata
   files on (the daemon's default); claims from memory (no API server, no gRPC);
+* the same (device metadata off) while 64 other claims are prepared: what a checkpoint
+  write costs per record it holds;
 * the slices of 2,048 devices (16 slices) rendered as the controller renders them for a
   create, and planned against the same slices as stored (the steady-state compare: no write);
 * explain of the 4-request claim with constraints of the explain bench on a small node
@@ -39,10 +41,14 @@ from typing import Any
 
 from hack.benches import Figure
 
+#: Claims held prepared in the "held" case: a node's many small claims (MIG slices, shares,
+#: VFs), each a record of the checkpoint every write holds.
+HELD = 64
 #: case -> (row name, calls counted). The same with --quick: the time is valgrind's start and
 #: the set-up, and a count over fewer calls would not compare with the full run's.
 CASES: dict[str, tuple[str, int]] = {
     "prepare": ("instructions per prepare+unprepare, 1 GPU, in-process", 20),
+    "held": (f"  the same with {HELD} other claims prepared", 10),
     "slices": ("instructions per render+compare, 2048 devices", 3),
     "explain": ("instructions per explain, 4 requests, 32 devices", 10),
 }
@@ -57,6 +63,20 @@ ROOT = Path(__file__).resolve().parents[2]
 def _prepare_case(device_metadata: bool = True) -> Iterator[Callable[[], None]]:
     with prepare_node(device_metadata) as calls:
         prepare, unprepare = calls[0]
+
+        def once() -> None:
+            prepare()
+            unprepare()
+
+        yield once
+
+
+@contextmanager
+def _held_case() -> Iterator[Callable[[], None]]:
+    with prepare_node(False, claims=HELD + 1) as calls:
+        for prepare, _ in calls[:HELD]:
+            prepare()
+        prepare, unprepare = calls[HELD]
 
         def once() -> None:
             prepare()
@@ -184,7 +204,8 @@ def _explain_case() -> Iterator[Callable[[], None]]:
 
 
 _SETUPS: dict[str, Callable[[], Any]] = {
-    "prepare": _prepare_case, "slices": _slices_case, "explain": _explain_case}
+    "prepare": _prepare_case, "held": _held_case, "slices": _slices_case,
+    "explain": _explain_case}
 
 
 def _child(cases: list[str], calls: list[int], tool: str) -> None:

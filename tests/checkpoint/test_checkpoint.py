@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from agent.checkpoint.codec import CheckpointCorruptError, checksum, decode, encode
+from agent.checkpoint.codec import (
+    CheckpointCorruptError,
+    RecordTexts,
+    checksum,
+    decode,
+    encode,
+)
 from agent.checkpoint.model import CheckpointData, ClaimRecord, ClaimState, PreparedDevice
 from agent.checkpoint.store import CheckpointStore, read_boot_id
 from agent.common.metrics import Metrics
@@ -32,6 +39,37 @@ def record(uid: str, device: str = "gpu-0", state: ClaimState = ClaimState.PREPA
 def test_round_trip_keeps_every_field() -> None:
     data = CheckpointData(claims={"u1": record("u1"), "u2": record("u2", "gpu-1")})
     assert decode(encode(data)) == data
+
+
+def test_the_file_is_the_canonical_document_with_its_checksum() -> None:
+    """What ``encode`` assembles from members is ``json.dumps(sort_keys=True)`` of the whole
+    document, with and without reused record texts, ASCII or not."""
+    claims = {"u2": record("u2", "gpu-1"), "u1": record("u1")}
+    ascii_only = CheckpointData(claims=claims, extra={"zeta": [1], "alpha": {"b": 1, "a": "x"}})
+    accented = CheckpointData(claims={**claims, "u3": replace(record("u3"), updated="é")},
+                              extra={"alpha": {"a": "é"}})
+    for data in (ascii_only, accented):
+        raw = encode(data)
+        doc = json.loads(raw)
+        assert raw == (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
+        assert doc["checksum"] == checksum(doc)
+        texts: RecordTexts = {}
+        assert encode(data, texts) == raw
+        assert encode(data, texts) == raw  # every record's text reused
+        assert decode(raw) == data
+
+
+def test_reused_texts_follow_the_records() -> None:
+    """A record replaced is encoded again; one removed leaves the reused texts."""
+    texts: RecordTexts = {}
+    first = CheckpointData(claims={"u1": record("u1"), "u2": record("u2", "gpu-1")})
+    encode(first, texts)
+    assert set(texts) == {"u1", "u2"}
+    second = first.with_claims({"u1": record("u1", "gpu-7")})
+    raw = encode(second, texts)
+    assert raw == encode(second)  # not the cached text of the old u1
+    assert decode(raw).claims["u1"].devices[0].device == "gpu-7"
+    assert set(texts) == {"u1"} and texts["u1"][0] is second.claims["u1"]
 
 
 def test_checksum_mismatch_is_corrupt() -> None:
