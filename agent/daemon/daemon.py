@@ -36,7 +36,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from agent.checkpoint.store import CheckpointStore
 from agent.common import memory
 from agent.common.config import Config
 from agent.common.metrics import Metrics
@@ -48,7 +47,6 @@ from agent.kube.transport import KubeHTTP
 from agent.plugin import AlreadyRunningError, PluginServer, SocketError
 from agent.plugin.serving import ServedSockets
 from agent.prepare import DevicePreparer
-from agent.prepare.effects.miginstance import owned_instances
 from agent.sdnotify import Notifier
 from discovery.model import Inventory
 from discovery.pools import build_resources
@@ -62,11 +60,9 @@ if TYPE_CHECKING:  # the slices and the HTTP endpoint load after registration
 
 log = logging.getLogger("agent.daemon")
 
-#: The run loop's period until "agent ready" is said (the line follows readiness closely),
-#: then afterwards: a dead vital thread is fatal within it, and a STATUS= line follows the
-#: kubelet's confirmation within it. Every wake-up of an idle agent is CPU a Go driver does
-#: not spend (docs/benchmarks.md, the fleet's idle rows); /healthz and /readyz answer from
-#: the parts themselves, not from this loop.
+#: The run loop's period until "agent ready" is said, then after: a dead vital thread is fatal,
+#: and STATUS= follows the kubelet, within it. An idle agent's every wake-up is CPU a Go driver
+#: does not spend (docs/benchmarks.md, the fleet); /healthz and /readyz do not wait for it.
 _READY_CHECK_S = 0.5
 _RUN_CHECK_S = 2.0
 
@@ -183,7 +179,7 @@ class Daemon:
         self.metrics.bind()
         if client is not None:
             machine.connect(cfg, client, self.environ)
-        node_uid = None
+        node_uid = None  # read with the capacity: the slices' owner
         if capacity_pending and client is not None:
             node_uid = machine.refuse_capacity_overlap(cfg, client, inventory)
         self._start_slices(client, node_uid)
@@ -201,16 +197,15 @@ class Daemon:
         self._log_ready()
 
     def _start_slices(self, client: KubeHTTP | None, node_uid: str | None = None) -> None:
-        """``node_uid``: the Node's UID as just read (None: the controller looks it up)."""
         # Lazy: the controller (and its first request) after the kubelet can register us.
         from agent import slices
 
-        owner = slices.Owner(kind="Node", name=self.cfg.node_name, uid=node_uid)
         self.controller = slices.start(
-            client, self.cfg.driver_name, owner,
+            client, self.cfg.driver_name, slices.Owner(kind="Node", name=self.cfg.node_name),
             None, metrics=self.metrics, resync_period_s=self.options.resync_period_s,
             stop_event=self.stop_event, on_error=self._background_error,
             list_attributes={"list": True, "scalar": False}.get(self.cfg.numa_node_attribute),
+            node_uid=node_uid,
         )
 
     def _status_text(self) -> str:
@@ -267,13 +262,7 @@ class Daemon:
                                  mig_owned=self._mig_owned)
 
     def _mig_owned(self) -> frozenset[tuple[str, int, int]]:
-        """The MIG instances our checkpoint names (--mig dynamic): the plugin's records once it
-        runs; before, a look at the checkpoint file, so the first publish already knows."""
-        if self.preparer is not None:
-            return owned_instances(self.preparer.checkpoint.claims())
-        if not self.cfg.checkpoint_path.is_file():
-            return frozenset()
-        return owned_instances(CheckpointStore(self.cfg.checkpoint_path).claims())
+        return machine.mig_owned(self.preparer, self.cfg.checkpoint_path)
 
     def _rescan(self) -> Inventory:
         """A scan of the node, published (--vfs dynamic reads the VFs it made back so)."""
@@ -387,8 +376,7 @@ class Daemon:
         """Wait (after ``start()``) for a stop request or a dead background thread, then shut
         down; 1 when a vital thread died, else 0."""
         try:
-            while not self.stop_event.wait(_READY_CHECK_S if not self._said_ready
-                                           else _RUN_CHECK_S):
+            while not self.stop_event.wait(_RUN_CHECK_S if self._said_ready else _READY_CHECK_S):
                 self._log_ready()
                 self._update_status()
                 ok, why = self._check_threads()

@@ -24,6 +24,7 @@ from discovery.sources import Sources
 if TYPE_CHECKING:
     from agent.common.metrics import Metrics
     from agent.kube.transport import KubeHTTP
+    from agent.prepare import DevicePreparer
     from agent.prepare.gpucontrol import GpuControl
     from agent.prepare.mpscontrol import MpsControl
     from cdi.simnodes import SimulatedNodes
@@ -254,3 +255,18 @@ def _shipped() -> list[Mapping[str, Any]]:
     from agent.explain.docs import packaged_classes  # the documents only, not the allocator
 
     return [doc.obj for doc in packaged_classes()]
+
+
+def mig_owned(preparer: DevicePreparer | None,
+              checkpoint_path: Path) -> frozenset[tuple[str, int, int]]:
+    """The MIG instances our checkpoint names (--mig dynamic): the plugin's records once it
+    runs; before, a look at the checkpoint file, so the first publish already knows."""
+    from agent.prepare.effects.miginstance import owned_instances
+
+    if preparer is not None:
+        return owned_instances(preparer.checkpoint.claims())
+    if not checkpoint_path.is_file():
+        return frozenset()
+    from agent.checkpoint.store import CheckpointStore
+
+    return owned_instances(CheckpointStore(checkpoint_path).claims())

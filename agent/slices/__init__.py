@@ -38,6 +38,7 @@ def start(
     on_error: Callable[[Exception], None] | None = None,
     timing: Timing | None = None,
     list_attributes: bool | None = None,
+    node_uid: str | None = None,
 ) -> Controller:
     """Start publishing ``resources`` for ``driver``; returns at once.
 
@@ -46,12 +47,14 @@ def start(
     background go to ``on_error``; the controller retries what can succeed by retrying.
     ``list_attributes`` publishes list-valued attributes (numaNode) as lists (True) or as
     their scalar (False); None asks the server once, by a dry-run create (listattrs.py).
+    ``node_uid``: a Node owner's UID as the caller has just read it (``OwnerUID`` says how
+    far it is trusted); None: looked up.
     """
     client = KubeSliceClient(api) if isinstance(api, KubeHTTP) else api
     return Controller(
         client, driver, owner, resources, metrics=metrics, resync_period_s=resync_period_s,
         stop_event=stop_event, on_error=on_error, timing=timing,
-        list_attributes=list_attributes,
+        list_attributes=list_attributes, node_uid=node_uid,
     )
 
 

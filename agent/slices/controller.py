@@ -69,6 +69,7 @@ class Controller:
         on_error: Callable[[Exception], None] | None = None,
         timing: Timing | None = None,
         list_attributes: bool | None = None,
+        node_uid: str | None = None,
     ) -> None:
         if not driver:
             raise ValueError("a DRA driver name is required")
@@ -87,6 +88,7 @@ class Controller:
         self._owner_uid = OwnerUID(
             owner, self._node_uid,
             Backoff(self._timing.backoff_initial_s, self._timing.backoff_max_s, rng=self._rng),
+            known=node_uid,
         )
         self._stop = threading.Event()
         self._form = ListForm(list_attributes)  # decided after API discovery, if "auto"
@@ -214,7 +216,7 @@ class Controller:
             due = self._take_due()
             if due:
                 self._decide_form()
-            self._owner_uid.new_batch()  # at most one Node lookup per batch of pools
+            self._owner_uid.new_batch(bool(due))  # at most one Node lookup per batch of pools
             for pool in due or ():
                 if self._stopping():
                     return

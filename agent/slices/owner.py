@@ -58,6 +58,10 @@ def owned_by(owner: Owner) -> Filter:
     return accepts
 
 
+#: How long a Node UID the caller read stands for a lookup of the first batch of syncs.
+SEED_TRUSTED_S = 30.0
+
+
 class OwnerUID:
     """The owner reference to write, with a looked-up Node UID kept fresh enough.
 
@@ -74,6 +78,8 @@ class OwnerUID:
         lookup: Callable[[str], str],
         backoff: Backoff,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        known: str | None = None,
     ) -> None:
         self._owner = owner
         self._lookup = lookup  # Node name -> UID; raises ApiError
@@ -82,13 +88,24 @@ class OwnerUID:
         self._uid = owner.uid if owner is not None else None
         #: Looked up in the current batch of syncs: at most one GET per batch of pools.
         self._fresh = False
+        #: ``known``: the Node's UID as the daemon read it at start, a moment before the first
+        #: batch: the first batch that syncs a pool within ``SEED_TRUSTED_S`` takes it as
+        #: looked up (no second GET of the same Node at start); later ones check it as any
+        #: looked-up UID.
+        self._seed_until: float | None = None
+        if self._uid is None and known:
+            self._uid, self._seed_until = known, clock() + SEED_TRUSTED_S
         #: A lookup could not confirm the cached UID: the next sync looks again.
         self._suspect = False
         #: When to look again for a Node that was not found; None: no need.
         self.recheck_at: float | None = None
 
-    def new_batch(self) -> None:
-        self._fresh = False
+    def new_batch(self, syncs: bool = True) -> None:
+        """A batch of syncs begins (``syncs`` False: a round with no pool due)."""
+        seeded = self._seed_until is not None and self._clock() < self._seed_until
+        self._fresh = syncs and seeded
+        if syncs or not seeded:
+            self._seed_until = None
 
     def ref(self, refresh: bool = False) -> OwnerRef | None:
         """Our owner reference; a Node's UID is looked up when unknown, or again on ``refresh``.

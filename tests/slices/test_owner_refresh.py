@@ -91,3 +91,48 @@ def test_a_given_uid_is_never_second_guessed(srv: FakeAPIServer, harness: Harnes
     wait_for(lambda: owner_uids(srv) == {"given-uid"}, what="republished")
     assert c.synced(10)
     assert node_gets(srv) == []
+
+
+def test_a_uid_just_read_serves_the_first_publish_then_is_checked(
+    srv: FakeAPIServer, harness: Harness
+) -> None:
+    """``node_uid`` (the daemon's start-up read of the Node) stands for the first batch's
+    lookup: no second GET at start; after that a new Node is noticed as without it."""
+    srv.clear_requests()
+    c = harness.start(srv, resources(node1=pool_of(2)), node_uid=node_uid(srv))
+    assert c.synced(10)
+    assert node_gets(srv) == []
+    assert owner_uids(srv) == {node_uid(srv)}
+    srv.restart(keep_state=False)
+    srv.put_object(node())  # registered again: same name, new UID
+    new = node_uid(srv)
+    wait_for(lambda: owner_uids(srv) == {new}, what="slices owned by the new Node")
+    assert len(node_gets(srv)) >= 1
+
+
+def test_a_uid_read_long_before_the_first_publish_is_checked_as_a_looked_up_one() -> None:
+    from agent.slices.backoff import Backoff
+    from agent.slices.owner import SEED_TRUSTED_S, OwnerUID
+    from agent.slices.sync import Create, PoolPlan
+
+    now = [0.0]
+    creating = PoolPlan(pool="p", generation=1, creates=(Create(0, {}),))
+
+    def seeded() -> OwnerUID:
+        return OwnerUID(Owner(name=NODE), lambda name: "uid-now", Backoff(1, 2),
+                        clock=lambda: now[0], known="uid-read")
+
+    soon = seeded()
+    soon.new_batch(False)  # rounds with nothing due keep the seed
+    soon.new_batch(True)
+    ref = soon.ref()
+    assert ref is not None and ref.uid == "uid-read"
+    assert not soon.stale(creating, [], ref)  # the first batch takes it as looked up
+    soon.new_batch(True)
+    assert soon.stale(creating, [], ref)  # the next one checks a create's owner again
+
+    late = seeded()
+    now[0] = SEED_TRUSTED_S + 1
+    late.new_batch(True)
+    ref = late.ref()
+    assert ref is not None and late.stale(creating, [], ref)
