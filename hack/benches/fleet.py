@@ -44,11 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from hack.benches import Figure
+from hack.benches.audit import WRITES, Audit
 from hack.benches.vsupstream.common import MINOR, PEER, ratio, rss_mib
 
-#: What counts as a write: these verbs, but not a dry run (the agent's list-attribute probe at
-#: its start is a ``dryRun=All`` create: validated, never stored; a request, not a write).
-WRITES = ("create", "update", "patch", "delete", "deletecollection")
 FLOOD_INFLIGHT = ("--max-requests-inflight=2", "--max-mutating-requests-inflight=1")
 
 
@@ -70,57 +68,6 @@ def _admin(call: Callable[[], Any], timeout: float = 120) -> Any:
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class Audit:
-    """The audit log read incrementally: each request once (by audit ID), with its user, verb,
-    resource and the time the server received it."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self._offset = path, 0
-        self.events: dict[str, dict[str, Any]] = {}
-
-    def read(self) -> list[dict[str, Any]]:
-        from datetime import datetime
-
-        with self.path.open("rb") as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        last = chunk.rfind(b"\n") + 1
-        self._offset += last
-        for line in chunk[:last].decode().splitlines():
-            event = json.loads(line)
-            user = event.get("user", {}).get("username", "")
-            if not user.startswith("system:node:"):
-                continue
-            event["_at"] = datetime.fromisoformat(
-                event["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
-            event["_node"] = user.removeprefix("system:node:")
-            self.events[event["auditID"]] = event
-        return list(self.events.values())
-
-    def per_node(self, nodes: Sequence[str], since: float, until: float = float("inf"),
-                 verbs: Sequence[str] | None = None) -> list[int]:
-        counts = dict.fromkeys(nodes, 0)
-        for e in self.read():
-            if e["_node"] in counts and since <= e["_at"] < until and (
-                    verbs is None or e["verb"] in verbs) and not (
-                    verbs is WRITES and "dryRun=" in e.get("requestURI", "")):
-                counts[e["_node"]] += 1
-        return list(counts.values())
-
-    def watches(self, nodes: Sequence[str], since: float) -> dict[str, float]:
-        """node -> when it first started a ResourceSlice watch at or after ``since``."""
-        first: dict[str, float] = {}
-        for e in self.read():
-            if e["_node"] in nodes and e["_at"] >= since and e["verb"] == "watch" and \
-                    "resourceslices" in e.get("requestURI", ""):
-                first[e["_node"]] = min(first.get(e["_node"], e["_at"]), e["_at"])
-        return first
-
-    def watching(self, nodes: Sequence[str], since: float) -> set[str]:
-        """The nodes that started a ResourceSlice watch at or after ``since``."""
-        return set(self.watches(nodes, since))
 
 
 class ApiServer:
@@ -276,6 +223,7 @@ def _measure(fleet: Fleet, server: ApiServer, audit: Audit, expected: int,
     start_requests = audit.per_node(nodes, since)
     out["start requests mean"] = statistics.mean(start_requests)
     out["start requests max"] = max(start_requests)
+    print(f"# fleet {fleet.who}: requests per node at start: {audit.kinds(nodes, since)}")
     # --- at rest ----------------------------------------------------------------------
     time.sleep(5)
     since = time.time()
@@ -299,6 +247,8 @@ def _measure(fleet: Fleet, server: ApiServer, audit: Audit, expected: int,
     out["restart -> all watch s"] = max(0.0, max(audit.watches(nodes, stopped).values()) - ready)
     time.sleep(max(0.0, ready + 10 - time.time()))
     out["restart burst per node"] = statistics.mean(audit.per_node(nodes, stopped, ready + 10))
+    print(f"# fleet {fleet.who}: requests per node after the restart: "
+          f"{audit.kinds(nodes, stopped, ready + 10)}")
     out["restart writes total"] = sum(audit.per_node(nodes, stopped, time.time(), WRITES))
     # --- 429 ------------------------------------------------------------------------------
     _, stopped, _ = server.restart(FLOOD_INFLIGHT)
