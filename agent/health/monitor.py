@@ -51,7 +51,7 @@ class HealthMonitor:
         *,
         events: Sequence[DeviceEvents] = (),
         stop_event: threading.Event | None = None,
-        link_events: Callable[[], DeviceEvents | None] | None = None,
+        open_links: Callable[[], DeviceEvents | None] | None = None,
     ) -> None:
         self.sources = sources
         self.driver_name = driver_name
@@ -64,7 +64,7 @@ class HealthMonitor:
         self.changes = ChangeFeed()
         self._events: tuple[DeviceEvents, ...] = tuple(events)
         #: Opens the source of link messages (None: rtnetlink, on the host's own sysfs only).
-        self._link_events = link_events
+        self._open_links = open_links
         self._stop = stop_event or threading.Event()
         self._lock = threading.Lock()  # guards the tracker
         self._tracker = Tracker(options.quiet_period_s, options.min_publish_interval_s)
@@ -94,7 +94,7 @@ class HealthMonitor:
             self._gpu = GpuWatcher(self.sources.gpu, self.options, self,
                                    inventory=self._inventory, stop=self._stop, clock=self.clock)
             self._gpu.setup()
-        opener = self._link_events
+        opener = self._open_links
         if opener is None and self.sources.sysfs_root == Path("/sys"):
             opener = open_link_events  # only the host's sysfs changes with its netlink messages
         if self.options.link_events and opener is not None:

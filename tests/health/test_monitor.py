@@ -84,33 +84,35 @@ def test_udev_event_wakes_the_link_poll(h100: Node, monitors: list[HealthMonitor
     wait_for(lambda: m.snapshot()[nic.name].state is HealthState.UNHEALTHY, what="link down")
 
 
+def _link_down_under(h100: Node, monitors: list[HealthMonitor],
+                     links: QueueEvents | None) -> tuple[HealthMonitor, str]:
+    """A monitor polling every 0.02 s without link messages, every hour with them (``links``:
+    the source; None: none opens), and a NIC whose link then went down."""
+    options = replace(OPTIONS, nic_poll_s=0.02, nic_backstop_s=3600)
+    m = HealthMonitor(h100.sources, "dra-agent.io", options, Calls(), open_links=lambda: links)
+    monitors.append(m)
+    m.start(h100.provider())
+    nic = h100.device("nic-0000-18-00-0")
+    h100.set_carrier(nic.host.if_name, up=False)
+    return m, nic.name
+
+
 def test_with_link_messages_the_poll_is_a_backstop(h100: Node,
                                                    monitors: list[HealthMonitor]) -> None:
     """A link change is read when its message comes, at once; without one only the backstop
     poll (``nic_backstop_s``, not ``nic_poll_s``) would read it."""
     links = QueueEvents()
-    options = replace(OPTIONS, nic_poll_s=0.02, nic_backstop_s=3600)
-    m = HealthMonitor(h100.sources, "dra-agent.io", options, Calls(), link_events=lambda: links)
-    monitors.append(m)
-    m.start(h100.provider())
-    nic = h100.device("nic-0000-18-00-0")
-    h100.set_carrier(nic.host.if_name, up=False)
-    stop = threading.Event()
-    assert not stop.wait(0.3)  # fifteen of nic_poll_s's periods
-    assert m.snapshot()[nic.name].state is HealthState.HEALTHY
+    m, nic = _link_down_under(h100, monitors, links)
+    assert not threading.Event().wait(0.3)  # fifteen of nic_poll_s's periods
+    assert m.snapshot()[nic].state is HealthState.HEALTHY
     links.q.put(DeviceEvent("net", "change", "rtnetlink"))
-    wait_for(lambda: m.snapshot()[nic.name].state is HealthState.UNHEALTHY, what="link down")
+    wait_for(lambda: m.snapshot()[nic].state is HealthState.UNHEALTHY, what="link down")
 
 
 def test_without_link_messages_the_poll_keeps_its_period(
         h100: Node, monitors: list[HealthMonitor]) -> None:
-    options = replace(OPTIONS, nic_poll_s=0.02, nic_backstop_s=3600)
-    m = HealthMonitor(h100.sources, "dra-agent.io", options, Calls(), link_events=lambda: None)
-    monitors.append(m)
-    m.start(h100.provider())
-    nic = h100.device("nic-0000-18-00-0")
-    h100.set_carrier(nic.host.if_name, up=False)
-    wait_for(lambda: m.snapshot()[nic.name].state is HealthState.UNHEALTHY, what="link down")
+    m, nic = _link_down_under(h100, monitors, None)
+    wait_for(lambda: m.snapshot()[nic].state is HealthState.UNHEALTHY, what="link down")
 
 
 def test_on_change_gets_the_complete_mapping_and_its_errors_do_not_stop_monitoring(
