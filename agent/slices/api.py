@@ -10,7 +10,7 @@ in v1 shape; conversion to older versions happens here (versions.py).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import quote
@@ -40,6 +40,18 @@ class WatchEvent:
         return rv if isinstance(rv, str) else None
 
 
+#: The annotation of the BOOKMARK that ends a watch-list's initial events.
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+
+def is_initial_end(event: WatchEvent) -> bool:
+    """Whether ``event`` is the BOOKMARK after a watch-list's initial events."""
+    if event.type != "BOOKMARK":
+        return False
+    annotations = event.obj.get("metadata", {}).get("annotations") or {}
+    return isinstance(annotations, Mapping) and annotations.get(INITIAL_EVENTS_END) == "true"
+
+
 @dataclass(slots=True)
 class SliceList:
     items: list[dict[str, Any]]
@@ -67,6 +79,12 @@ class SliceClient(Protocol):
     def watch(
         self, version: str, field_selector: str, resource_version: str, timeout_s: int
     ) -> WatchStream: ...
+
+    def watch_list(self, version: str, field_selector: str, timeout_s: int) -> WatchStream:
+        """A watch that begins with the current state: an ADDED event per object, then a
+        BOOKMARK annotated ``k8s.io/initial-events-end`` (``is_initial_end``), then changes.
+        Raises ``ApiError`` 422 where the server has no watch-list (WatchList off)."""
+        ...
 
     def get(self, version: str, name: str) -> dict[str, Any] | None: ...
 
@@ -145,11 +163,23 @@ class KubeSliceClient:
     def watch(
         self, version: str, field_selector: str, resource_version: str, timeout_s: int
     ) -> WatchStream:
+        return self._watch(version, field_selector, timeout_s,
+                           [("resourceVersion", resource_version)])
+
+    def watch_list(self, version: str, field_selector: str, timeout_s: int) -> WatchStream:
+        # client-go's watch-list: the list streamed from the watch cache, no request of its
+        # own (the upstream controller's informer starts so against 1.34+ servers).
+        return self._watch(version, field_selector, timeout_s,
+                           [("sendInitialEvents", "true"),
+                            ("resourceVersionMatch", "NotOlderThan")])
+
+    def _watch(self, version: str, field_selector: str, timeout_s: int,
+               start: Sequence[tuple[str, str]]) -> WatchStream:
         query = [
             ("watch", "true"),
             ("allowWatchBookmarks", "true"),
             ("fieldSelector", field_selector),
-            ("resourceVersion", resource_version),
+            *start,
             ("timeoutSeconds", str(timeout_s)),
         ]
         # The server ends the stream after timeout_s; a read that outlives that by far means

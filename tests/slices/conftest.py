@@ -28,6 +28,13 @@ def writes(srv: FakeAPIServer) -> list[tuple[str, str, int]]:
     return [(r.verb, r.path, r.status) for r in srv.requests if r.verb in WRITE_VERBS]
 
 
+def listings(srv: FakeAPIServer) -> int:
+    """The full reads of slices: lists, and watch-lists (a watch whose first events are the
+    current state)."""
+    return sum(1 for r in srv.requests if (r.verb == "list" and "resourceslices" in r.path)
+               or (r.verb == "watch" and r.query.get("sendInitialEvents") == "true"))
+
+
 def slice_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("slices-")]
 

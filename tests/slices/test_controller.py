@@ -18,7 +18,7 @@ from agent.slices import (
 )
 from discovery.model import Pool, Slice
 from tests.fakes.apiserver import FakeAPIServer
-from tests.slices.conftest import FAST, Harness, our_slices, slice_threads, writes
+from tests.slices.conftest import FAST, Harness, listings, our_slices, slice_threads, writes
 from tests.slices.helpers import DRIVER, NODE, device, devices, pool_of, resources
 from tests.waiting import wait_for
 
@@ -133,7 +133,7 @@ def test_steady_state_makes_no_writes_even_across_watch_drops(
     srv.drop_watches(graceful=True)
     time.sleep(0.5)
     assert writes(srv) == []
-    assert [r.verb for r in srv.requests if r.verb == "list"] == []  # resumed, not relisted
+    assert listings(srv) == 0  # resumed, not relisted
 
 
 def test_kubelet_wipe_is_repaired_from_the_watch(srv: FakeAPIServer, harness: Harness) -> None:
@@ -211,7 +211,7 @@ def test_lost_server_state_is_republished_after_410(srv: FakeAPIServer, harness:
     srv.restart(keep_state=False)  # history gone: the watch resumes into 410 Expired
     wait_for(lambda: len(our_slices(srv)) == 1, what="slice republished")
     assert c.synced(10)
-    assert [r.verb for r in srv.requests].count("list") >= 1
+    assert listings(srv) >= 1
 
 
 def test_watch_expiry_relists_without_writing(harness: Harness, caplog: Any) -> None:
@@ -230,7 +230,7 @@ def test_watch_expiry_relists_without_writing(harness: Harness, caplog: Any) -> 
                 "spec": {"driver": DRIVER, "nodeName": "node2", "devices": [],
                          "pool": {"name": "node2", "generation": 0, "resourceSliceCount": 1}},
             })
-        wait_for(lambda: [r.verb for r in server.requests].count("list") == 1, what="a relist")
+        wait_for(lambda: listings(server) == 1, what="a relist")
         server.delay(0)
         time.sleep(0.3)
         assert c.synced(10)
@@ -427,7 +427,7 @@ def test_periodic_resync_relists_without_writing(srv: FakeAPIServer, harness: Ha
     c = harness.start(srv, resources(node1=pool_of(130)), resync_period_s=0.3)
     assert c.synced(10)
     srv.clear_requests()
-    wait_for(lambda: [r.verb for r in srv.requests].count("list") >= 2, what="two resyncs")
+    wait_for(lambda: listings(srv) >= 2, what="two resyncs")
     assert c.synced(10)
     assert writes(srv) == []
 
@@ -444,7 +444,7 @@ def test_a_refused_watch_is_reported_once_and_retried(
 ) -> None:
     from agent.slices import ApiError
 
-    srv.fail_next(3, 403, verb="list")
+    srv.fail_next(3, 403, verb="watch")
     c = harness.start(srv, resources(node1=pool_of(2)))
     assert c.synced(10)
     (err,) = harness.errors_of(ApiError)

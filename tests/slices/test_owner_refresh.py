@@ -9,7 +9,7 @@ from kubernetes import client as k8s
 
 from agent.slices import Owner
 from tests.fakes.apiserver import FakeAPIServer
-from tests.slices.conftest import Harness, our_slices, writes
+from tests.slices.conftest import Harness, listings, our_slices, writes
 from tests.slices.helpers import NODE, node, pool_of, resources
 from tests.waiting import wait_for
 
@@ -80,7 +80,7 @@ def test_steady_state_never_gets_the_node(srv: FakeAPIServer, harness: Harness) 
     assert c.synced(10)
     srv.clear_requests()
     # Periodic relists come and go: nothing changed, so no Node GET and no write.
-    wait_for(lambda: [r.verb for r in srv.requests].count("list") >= 3, what="resyncs")
+    wait_for(lambda: listings(srv) >= 3, what="resyncs")
     assert node_gets(srv) == [] and writes(srv) == []
 
 

@@ -25,6 +25,8 @@ DEFAULT_FEATURE_GATES: dict[str, bool] = {
     "DRADeviceBindingConditions": True,
     "DRAListTypeAttributes": False,
     "DRANodeAllocatableResources": False,
+    # Not a DRA gate: watch-list (sendInitialEvents), beta and on by default since 1.34.
+    "WatchList": True,
 }
 #: The gate's Device field: 1.36 named it nodeAllocatableResourceMappings, 1.37
 #: nodeAllocatableResources.

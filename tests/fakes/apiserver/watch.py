@@ -67,8 +67,9 @@ def _too_old_event(e: TooOldError) -> Obj:
     }
 
 
-def _check_options(req: Request) -> tuple[bool, bool]:
-    """(send initial events, annotate their end) after the 422 checks of the real server."""
+def _check_options(req: Request, watch_list: bool = True) -> tuple[bool, bool]:
+    """(send initial events, annotate their end) after the 422 checks of the real server;
+    ``watch_list``: the WatchList gate (off: 1.32-1.33's default)."""
     p = req.params
     sie_raw = p.get("sendInitialEvents")
     match = p.get("resourceVersionMatch", "")
@@ -76,6 +77,16 @@ def _check_options(req: Request) -> tuple[bool, bool]:
     if sie_raw is not None:
         sie = sie_raw.lower() in ("1", "true")
         errs = []
+        if not watch_list:
+            errs.append(
+                FieldError(
+                    "Forbidden",
+                    "sendInitialEvents",
+                    None,
+                    "sendInitialEvents is forbidden for watch unless the WatchList feature "
+                    "gate is enabled",
+                )
+            )
         if match != "NotOlderThan":
             errs.append(
                 FieldError(
@@ -177,7 +188,7 @@ class WatchStream:
             return (wanted or store.rv), []
 
     def run(self) -> None:
-        initial, annotate = _check_options(self.req)
+        initial, annotate = _check_options(self.req, self.reg.gates.get("WatchList", True))
         p = self.req.params
         bookmarks = self.req.flag("allowWatchBookmarks")
         try:
