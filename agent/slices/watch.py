@@ -94,7 +94,6 @@ class Watcher:
         event_delay_s: float,
         watch_timeout_s: int,
         backoff: Backoff,
-        watch_list: bool = True,
     ) -> None:
         self._client = client
         self._version = version
@@ -106,7 +105,7 @@ class Watcher:
         self._backoff = backoff
         #: List by a watch-list (the state as a watch's first events), until the server
         #: shows it has none; then list and watch apart, as before 1.34.
-        self._watch_list = watch_list
+        self._watch_list = True
         self._unfinished_lists = 0
         #: The store holds a complete state as of ``_rv``, which a watch resumes from.
         self._complete = False
